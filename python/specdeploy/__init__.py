@@ -1,0 +1,3 @@
+"""specdeploy: reproducible deployment of LLM serving with speculative decoding."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,210 @@
+"""`specdeploy <command>`: the one entry point for operators, Ansible and CI.
+
+Each command prints a readable table by default and JSON with `--json`; every
+user-facing failure is a SpecdeployError whose message says what is wrong and what to do,
+mapped to the command's documented exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specdeploy import drafter_config, profile as profile_mod
+from specdeploy.errors import SpecdeployError
+from specdeploy.lock import Lock, default_lock_path
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+profile_app = typer.Typer(no_args_is_help=True, help="List and show deployment profiles.")
+app.add_typer(profile_app, name="profile")
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="profile name or path to a .yaml file")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+LockOpt = Annotated[
+    Path | None,
+    typer.Option("--lock", help="lock file (default: $SPECDEPLOY_LOCK or ./specdeploy.lock)"),
+]
+TargetOpt = Annotated[
+    Path | None,
+    typer.Option("--target", help="the target model's directory; its config.json overrides the profile's facts"),
+]
+
+
+def _fail(exc: SpecdeployError) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+    if exc.hint:
+        err.print(f"  [bold]fix:[/] {exc.hint}", highlight=False)
+    return typer.Exit(exc.exit_code)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+# --------------------------------------------------------------------------- profile
+
+
+@profile_app.command("list")
+def profile_list(as_json: JsonOpt = False) -> None:
+    """List the known profiles and how many of their pins are unresolved."""
+    rows = []
+    for name, path in sorted(profile_mod.list_profiles().items()):
+        try:
+            p = profile_mod.load_profile(path)
+        except SpecdeployError as exc:
+            raise _fail(exc) from None
+        spec = p.engine.speculative
+        rows.append(
+            {
+                "name": name,
+                "engine": f"{p.engine.kind} {p.engine.source.version.value or '?'}",
+                "speculative": f"{spec.method} x{spec.num_speculative_tokens}",
+                "unresolved_pins": len(profile_mod.unresolved_pins(p)),
+                "path": str(path),
+            }
+        )
+    if as_json:
+        out.print_json(data=rows)
+        return
+    table = Table("profile", "engine", "speculative", "unresolved pins", "file")
+    for r in rows:
+        table.add_row(r["name"], r["engine"], r["speculative"], str(r["unresolved_pins"]), r["path"])
+    out.print(table)
+
+
+@profile_app.command("show")
+def profile_show(name: str, as_json: JsonOpt = False) -> None:
+    """Show one profile: every pin with its provenance, then the full document."""
+    try:
+        p = profile_mod.load_profile(name)
+    except SpecdeployError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        data = p.model_dump(mode="json")
+        data["unresolved_pins"] = [path for path, _ in profile_mod.unresolved_pins(p)]
+        out.print_json(data=data)
+        return
+    out.print(f"[bold]{p.name}[/]: {p.description}")
+    table = Table("pin", "value", "provenance", "source", title="pins")
+    for path, pin in profile_mod.iter_pins(p):
+        style = "red" if not pin.resolved else None
+        table.add_row(path, _text(pin.value) if pin.resolved else "-", pin.provenance.value, pin.source, style=style)
+    out.print(table)
+
+
+# --------------------------------------------------------------------------- drafter config
+
+
+def _print_report(report: drafter_config.Report) -> None:
+    table = Table("", "field", "expected", "found", "consequence", title=f"verify-config {report.path}")
+    for c in report.checks:
+        mark = "[green]ok[/]" if c.ok else "[bold red]FAIL[/]"
+        table.add_row(mark, c.field, _text(c.expected), _text(c.found), "" if c.ok else c.consequence)
+    out.print(table)
+    verdict = "[green]config verified[/]" if report.ok else f"[bold red]{len(report.failures)} check(s) failed[/]"
+    out.print(f"{verdict} — canonical sha256 {report.canonical_sha256}")
+
+
+@app.command("verify-config")
+def verify_config(
+    drafter_dir: Annotated[Path, typer.Argument(help="directory holding the drafter's config.json (or the file)")],
+    profile: ProfileOpt,
+    target: TargetOpt = None,
+    lock: LockOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check a drafter config.json against the profile and the target.
+
+    Exit 0 when every check holds, 1 on any mismatch, 2 when the file is missing or not JSON.
+    """
+    try:
+        p = profile_mod.load_profile(profile)
+        lock_obj = Lock(lock or default_lock_path())
+        path = drafter_dir / drafter_config.CONFIG_NAME if drafter_dir.is_dir() else drafter_dir
+        report = drafter_config.verify(path, p, target_dir=target, lock=lock_obj)
+    except SpecdeployError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        out.print_json(data=report.to_json())
+    else:
+        _print_report(report)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command("write-config")
+def write_config(
+    serving_dir: Annotated[Path, typer.Argument(help="the directory the engine reads the drafter from")],
+    profile: ProfileOpt,
+    source: Annotated[
+        Path | None,
+        typer.Option("--source", help="the verified download (default: <paths.models_dir>/<drafter repo>)"),
+    ] = None,
+    target: TargetOpt = None,
+    lock: LockOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create or repair the serving directory: verified config.json plus links to the weights.
+
+    Writes atomically and reads the result back; refuses when the profile's drafter content
+    is unresolved or the download does not verify. The previous file is kept on any failure.
+    """
+    try:
+        p = profile_mod.load_profile(profile)
+        if p.drafter is None:
+            raise SpecdeployError(f"profile {p.name} has no drafter")
+        src = source or Path(p.paths.models_dir) / p.drafter.repo
+        result = drafter_config.write_serving_dir(
+            serving_dir, p, source_dir=src, lock=Lock(lock or default_lock_path()), target_dir=target
+        )
+    except drafter_config.VerificationFailed as exc:
+        if as_json:
+            out.print_json(data=exc.report.to_json())
+        else:
+            _print_report(exc.report)
+        raise _fail(exc) from None
+    except SpecdeployError as exc:
+        raise _fail(exc) from None
+    summary = {
+        "serving_dir": result.serving_dir,
+        "config_changed": result.config_changed,
+        "links_changed": result.links_changed,
+        "links_removed": result.links_removed,
+        "canonical_sha256": result.canonical_sha256,
+        "lock_recorded": result.lock_recorded,
+    }
+    if as_json:
+        out.print_json(data=summary | {"report": result.report.to_json()})
+        return
+    state = "written" if result.config_changed else "already up to date"
+    out.print(f"[green]config.json {state}[/] in {result.serving_dir} (canonical sha256 {result.canonical_sha256})")
+    if result.links_changed or result.links_removed:
+        out.print(f"links updated: {result.links_changed}, removed: {result.links_removed}")
+    if result.lock_recorded:
+        out.print("recorded the canonical sha256 in the lock (first verified write)")
+
+
+def _register_optional() -> None:
+    """Commands whose modules need the rehearsal extra import lazily inside themselves."""
+    from specdeploy.rehearsal import cli as rehearsal_cli
+
+    app.add_typer(rehearsal_cli.app, name="rehearsal")
+
+
+_register_optional()
+
+
+def main() -> None:
+    try:
+        app()
+    except SpecdeployError as exc:  # pragma: no cover - commands convert their own errors
+        err.print(f"error: {exc}")
+        sys.exit(exc.exit_code)

