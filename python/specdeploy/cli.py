@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from specdeploy import drafter_config, profile as profile_mod
+from specdeploy.cli_output import err, out
 from specdeploy.errors import SpecdeployError
 from specdeploy.lock import Lock, default_lock_path
 
@@ -24,8 +24,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 profile_app = typer.Typer(no_args_is_help=True, help="List and show deployment profiles.")
 app.add_typer(profile_app, name="profile")
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+
 
 ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="profile name or path to a .yaml file")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]

@@ -117,9 +117,13 @@ def _lookup(config: dict[str, Any], path: str) -> Any:
 
 
 def find(config: dict[str, Any], name: str) -> tuple[str | None, Any]:
-    """Return (path found at, value) for a logical field, or (None, None) when absent."""
+    """Return (path found at, value) for a logical field, or (None, None) when absent.
+
+    JSON null counts as absent: transformers writes `"sliding_window": null` for models
+    without a window, and a drafter may then carry its real window in dflash_config.
+    """
     for path in FIELDS[name].paths:
         value = _lookup(config, path)
-        if value is not _MISSING:
+        if value is not _MISSING and value is not None:
             return path, value
     return None, None

@@ -207,82 +207,76 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
         ]
     checks: list[Check] = []
 
-    def add(name: str, expected: str, found: Any, ok: bool, consequence: str | None = None) -> None:
-        text = consequence or dflash_fields.FIELDS[name.split(".")[-1]].consequence
-        checks.append(Check(name, expected, found, ok, text, "structure"))
+    def add(logical: str, where: str | None, expected: str, found: Any, ok: bool, consequence: str = "") -> None:
+        """One structure row, labelled by where the field was found (or its logical name)."""
+        text = consequence or dflash_fields.FIELDS[logical].consequence
+        checks.append(Check(where or logical, expected, found if where else _ABSENT, ok, text, "structure"))
 
-    archs = config.get("architectures")
+    where, archs = dflash_fields.find(config, "architectures")
     add(
-        "architectures",
+        "architectures", where,
         f"one of {sorted(dflash_fields.KNOWN_ARCHITECTURES)}",
-        archs if archs is not None else _ABSENT,
+        archs,
         isinstance(archs, list) and len(archs) == 1 and archs[0] in dflash_fields.KNOWN_ARCHITECTURES,
-    )
+    )  # fmt: skip
 
     where, ids = dflash_fields.find(config, "target_layer_ids")
-    ids_ok = (
+    add(
+        "target_layer_ids", where,
+        f"distinct ints in [0, {target.num_hidden_layers}) ({target.source})",
+        ids,
         isinstance(ids, list)
         and len(ids) > 0
         and all(isinstance(i, int) and 0 <= i < target.num_hidden_layers for i in ids)
-        and len(set(ids)) == len(ids)
-    )
-    add(
-        where or "target_layer_ids",
-        f"distinct ints in [0, {target.num_hidden_layers}) ({target.source})",
-        ids if where else _ABSENT,
-        ids_ok,
-    )
+        and len(set(ids)) == len(ids),
+    )  # fmt: skip
 
     where, mask = dflash_fields.find(config, "mask_token_id")
     add(
-        where or "mask_token_id",
+        "mask_token_id", where,
         f"int in [0, {target.vocab_size}) ({target.source})",
-        mask if where else _ABSENT,
+        mask,
         isinstance(mask, int) and 0 <= mask < target.vocab_size,
-    )
+    )  # fmt: skip
 
     _, layers = dflash_fields.find(config, "num_hidden_layers")
-    where_lt, layer_types = dflash_fields.find(config, "layer_types")
-    known = sorted(dflash_fields.KNOWN_LAYER_TYPES)
-    lt_ok = (
+    where, layer_types = dflash_fields.find(config, "layer_types")
+    add(
+        "layer_types", where,
+        f"{layers} entries (num_hidden_layers), each one of {sorted(dflash_fields.KNOWN_LAYER_TYPES)}",
+        layer_types,
         isinstance(layer_types, list)
         and isinstance(layers, int)
         and len(layer_types) == layers
-        and all(t in dflash_fields.KNOWN_LAYER_TYPES for t in layer_types)
-    )
-    add(
-        "layer_types",
-        f"{layers} entries (num_hidden_layers), each one of {known}",
-        layer_types if where_lt else _ABSENT,
-        lt_ok,
-    )
+        and all(t in dflash_fields.KNOWN_LAYER_TYPES for t in layer_types),
+    )  # fmt: skip
 
     if isinstance(layer_types, list) and "sliding_attention" in layer_types:
-        where_w, window = dflash_fields.find(config, "sliding_window")
+        where, window = dflash_fields.find(config, "sliding_window")
         add(
-            where_w or "sliding_window",
+            "sliding_window", where,
             "a positive window (sliding_window or dflash_config.swa_window_size) since a layer slides",
-            window if where_w else _ABSENT,
+            window,
             isinstance(window, int) and window > 0,
-        )
+        )  # fmt: skip
 
-    where_b, block = dflash_fields.find(config, "block_size")
+    where, block = dflash_fields.find(config, "block_size")
     k = profile.engine.speculative.num_speculative_tokens
     add(
-        where_b or "block_size",
+        "block_size", where,
         f"present, >= num_speculative_tokens + 1 = {k + 1}",
-        block if where_b else _ABSENT,
+        block,
         isinstance(block, int) and k <= block - 1,
         f"vLLM drafts at most block_size - 1 tokens; the profile asks for {k}",
-    )
+    )  # fmt: skip
 
-    _, hidden = dflash_fields.find(config, "hidden_size")
+    where, hidden = dflash_fields.find(config, "hidden_size")
     add(
-        "hidden_size",
+        "hidden_size", where,
         f"== target hidden_size {target.hidden_size} ({target.source})",
-        hidden if hidden is not None else _ABSENT,
+        hidden,
         hidden == target.hidden_size,
-    )
+    )  # fmt: skip
     return checks
 
 

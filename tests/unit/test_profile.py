@@ -1,0 +1,170 @@
+"""Profiles: the committed ones load, and every kind of bad input gets a precise error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from specdeploy.errors import ProfileError
+from specdeploy.profile import Provenance, list_profiles, load_profile, unresolved_pins
+from specdeploy.rehearsal import variants
+
+
+def _raw(name: str) -> dict[str, Any]:
+    return yaml.safe_load(list_profiles()[name].read_text())
+
+
+def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_committed_profiles_load() -> None:
+    assert {"a6000-dflash", "a6000-mtp", "cpu-rehearsal"} <= set(list_profiles())
+    dflash = load_profile("a6000-dflash")
+    assert dflash.engine.speculative.method == "dflash"
+    assert dflash.engine.speculative.num_speculative_tokens == 5
+    assert dflash.engine.serve.tensor_parallel_size == 2
+    assert dflash.engine.source.commit.value == "23002d3f368a5a24641301bc71e4ae15dae89a24"
+    assert dflash.engine.source.commit.provenance is Provenance.reported
+    mtp = load_profile("a6000-mtp")
+    spec = mtp.engine.speculative
+    assert (mtp.engine.kind, spec.method, spec.num_speculative_tokens, spec.eagle_topk, spec.num_draft_tokens) == (
+        "sglang", "EAGLE", 3, 1, 4,
+    )  # fmt: skip
+    assert load_profile("cpu-rehearsal").engine.runtime == "venv"
+
+
+def test_unknowable_values_are_unresolved_not_invented() -> None:
+    """The gated drafter's revision and hash, digests and the merge-base cannot be known here."""
+    paths = {path for path, _ in unresolved_pins(load_profile("a6000-dflash"))}
+    assert {
+        "drafter.revision",
+        "drafter.config.canonical_sha256",
+        "engine.image.digest",
+        "engine.image.base.digest",
+        "engine.source.merge_base",
+        "target.revision",
+    } <= paths
+
+
+def test_rehearsal_variant_is_derived_not_edited() -> None:
+    base = load_profile("cpu-rehearsal")
+    variant = variants.dflash(base)
+    assert variant.name == "cpu-rehearsal-dflash"
+    assert variant.engine.speculative.method == "dflash"
+    assert variant.drafter_expected("target_layer_ids") == [0, 2]
+    assert base.engine.speculative.method == "draft_model"  # the base is untouched
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "expected_text"),
+    [
+        (lambda d: d.update(schema_version=2), "schema_version", "expected 1, found 2"),
+        (
+            lambda d: d["engine"]["source"].update(commit={"value": "23002d3f3", "provenance": "reported", "source": "x y z"}),
+            "engine.source.commit.value",
+            "full 40-character commit SHA, found '23002d3f3'",
+        ),
+        (
+            lambda d: d["drafter"].update(revision={"value": "a" * 40, "provenance": "unresolved", "source": "abc"}),
+            "drafter.revision",
+            "provenance is 'unresolved' but value is",
+        ),
+        (
+            lambda d: d["drafter"]["config"]["expected"].update(mask_token_id={"provenance": "reported", "source": "abc"}),
+            "drafter.config.expected.mask_token_id",
+            "there is no value",
+        ),
+        (
+            lambda d: d["engine"]["speculative"].update(num_speculative_tokens=16),
+            "(top level)",
+            "num_speculative_tokens is 16 but the drafter's block_size is 16",
+        ),
+        (
+            lambda d: d["smoke"]["acceptance_length"].update(max=6.5),
+            "smoke",
+            "exceeds the largest possible acceptance length 6",
+        ),
+        (
+            lambda d: d["drafter"]["config"]["expected"].update(mask_id={"value": 1, "provenance": "reported", "source": "abc"}),
+            "drafter.config.expected",
+            "unknown drafter config field(s) ['mask_id']",
+        ),
+        (
+            lambda d: d["engine"]["serve"].update(port=70000),
+            "engine.serve.port",
+            "less than or equal to 65535",
+        ),
+        (
+            lambda d: d["engine"]["serve"].update(tensor_paralel_size=2),
+            "engine.serve.tensor_paralel_size",
+            "Extra inputs are not permitted",
+        ),
+    ],
+)
+def test_invalid_profiles_name_field_and_expectation(tmp_path: Path, mutate: Any, field: str, expected_text: str) -> None:
+    data = _raw("a6000-dflash")
+    mutate(data)
+    with pytest.raises(ProfileError) as info:
+        load_profile(_write(tmp_path, data))
+    message = str(info.value)
+    assert expected_text in message
+    assert str(tmp_path) in message  # names the file
+    if field not in ("(top level)", "smoke", "schema_version"):
+        assert f"field {field}" in message
+
+
+def test_secret_in_profile_is_refused(tmp_path: Path) -> None:
+    data = _raw("a6000-dflash")
+    data["engine"]["env"]["HF_TOKEN"] = "hf_" + "A" * 34
+    with pytest.raises(ProfileError, match=r"field engine.env.HF_TOKEN holds what looks like a Hugging Face token"):
+        load_profile(_write(tmp_path, data))
+
+
+def test_file_name_must_match_profile_name(tmp_path: Path) -> None:
+    data = _raw("cpu-rehearsal")
+    path = tmp_path / "other-name.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match=r"field name: expected 'other-name'.*found 'cpu-rehearsal'"):
+        load_profile(path)
+
+
+def test_unknown_profile_lists_known_ones() -> None:
+    with pytest.raises(ProfileError) as info:
+        load_profile("a6000-dflsh")
+    assert "no profile named 'a6000-dflsh'" in str(info.value)
+    assert "a6000-dflash" in str(info.value.hint)
+
+
+def test_not_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("engine: [unclosed\n")
+    with pytest.raises(ProfileError, match="not valid YAML"):
+        load_profile(path)
+
+
+def test_cli_profile_list_and_show(cli: Any) -> None:
+    listed = cli("profile", "list", "--json")
+    assert listed.exit_code == 0
+    rows = {r["name"]: r for r in json.loads(listed.stdout)}
+    assert rows["a6000-dflash"]["speculative"] == "dflash x5"
+    assert rows["a6000-dflash"]["unresolved_pins"] >= 6
+
+    shown = cli("profile", "show", "a6000-mtp", "--json")
+    assert shown.exit_code == 0
+    data = json.loads(shown.stdout)
+    assert data["engine"]["source"]["version"]["value"] == "0.5.19"
+    assert "engine.image.digest" in data["unresolved_pins"]
+
+    table = cli("profile", "show", "a6000-dflash")
+    assert table.exit_code == 0 and "unresolved" in table.stdout and "drafter.revision" in table.stdout
+
+    missing = cli("profile", "show", "nope")
+    assert missing.exit_code == 2
+    assert "no profile named 'nope'" in missing.stderr
