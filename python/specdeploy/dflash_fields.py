@@ -43,8 +43,7 @@ FIELDS: dict[str, LogicalField] = {
         LogicalField(
             "target_layer_ids",
             ("dflash_config.target_layer_ids", "target_layer_ids"),
-            "the drafter reads the wrong hidden states of the target; acceptance "
-            "collapses toward 1",
+            "the drafter reads the wrong hidden states of the target; acceptance collapses toward 1",
         ),
         LogicalField(
             "block_size",
@@ -61,14 +60,12 @@ FIELDS: dict[str, LogicalField] = {
         LogicalField(
             "sliding_window",
             ("sliding_window", "dflash_config.swa_window_size"),
-            "sliding-attention layers run without their trained window; acceptance drops "
-            "on long contexts",
+            "sliding-attention layers run without their trained window; acceptance drops on long contexts",
         ),
         LogicalField(
             "num_hidden_layers",
             ("num_hidden_layers",),
-            "the layer count disagrees with the shipped weights; loading fails or layers "
-            "are dropped",
+            "the layer count disagrees with the shipped weights; loading fails or layers are dropped",
         ),
         LogicalField(
             "hidden_size",

@@ -38,10 +38,15 @@ def _vllm(profile: Profile, model: str, drafter: str | None, python: str) -> lis
     if serve.enforce_eager:
         argv.append("--enforce-eager")
     if serve.enable_prefix_caching is not None:
-        argv.append("--enable-prefix-caching" if serve.enable_prefix_caching else "--no-enable-prefix-caching")
+        argv.append(
+            "--enable-prefix-caching" if serve.enable_prefix_caching else "--no-enable-prefix-caching"
+        )
     if serve.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(serve.max_num_batched_tokens)]
-    speculative: dict[str, object] = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+    speculative: dict[str, object] = {
+        "method": spec.method,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+    }
     if spec.method in ("dflash", "draft_model"):
         if drafter is None:
             raise ValueError(f"method {spec.method!r} needs the drafter's serving directory")
@@ -75,7 +80,9 @@ def _sglang(profile: Profile, model: str, python: str) -> list[str]:
     return argv + list(serve.extra_args)
 
 
-def render(profile: Profile, *, model: str, drafter: str | None = None, python: str = "python3") -> EngineCommand:
+def render(
+    profile: Profile, *, model: str, drafter: str | None = None, python: str = "python3"
+) -> EngineCommand:
     """The engine's argv and environment for `profile`, serving `model` (a local path)."""
     if profile.engine.kind == "vllm":
         argv = _vllm(profile, model, drafter, python)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,7 +29,7 @@ _SHA256_RE = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
 _HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{30,}")
 
 
-class Provenance(str, Enum):
+class Provenance(StrEnum):
     verified = "verified"
     reported = "reported"
     rehearsal = "rehearsal"

@@ -34,9 +34,9 @@ def test_committed_profiles_load() -> None:
     assert dflash.engine.source.commit.provenance is Provenance.reported
     mtp = load_profile("a6000-mtp")
     spec = mtp.engine.speculative
-    assert (mtp.engine.kind, spec.method, spec.num_speculative_tokens, spec.eagle_topk, spec.num_draft_tokens) == (
-        "sglang", "EAGLE", 3, 1, 4,
-    )  # fmt: skip
+    assert mtp.engine.kind == "sglang"
+    assert (spec.method, spec.num_speculative_tokens) == ("EAGLE", 3)
+    assert (spec.eagle_topk, spec.num_draft_tokens) == (1, 4)
     assert load_profile("cpu-rehearsal").engine.runtime == "venv"
 
 
@@ -67,17 +67,23 @@ def test_rehearsal_variant_is_derived_not_edited() -> None:
     [
         (lambda d: d.update(schema_version=2), "schema_version", "expected 1, found 2"),
         (
-            lambda d: d["engine"]["source"].update(commit={"value": "23002d3f3", "provenance": "reported", "source": "x y z"}),
+            lambda d: d["engine"]["source"].update(
+                commit={"value": "23002d3f3", "provenance": "reported", "source": "x y z"}
+            ),
             "engine.source.commit.value",
             "full 40-character commit SHA, found '23002d3f3'",
         ),
         (
-            lambda d: d["drafter"].update(revision={"value": "a" * 40, "provenance": "unresolved", "source": "abc"}),
+            lambda d: d["drafter"].update(
+                revision={"value": "a" * 40, "provenance": "unresolved", "source": "abc"}
+            ),
             "drafter.revision",
             "provenance is 'unresolved' but value is",
         ),
         (
-            lambda d: d["drafter"]["config"]["expected"].update(mask_token_id={"provenance": "reported", "source": "abc"}),
+            lambda d: d["drafter"]["config"]["expected"].update(
+                mask_token_id={"provenance": "reported", "source": "abc"}
+            ),
             "drafter.config.expected.mask_token_id",
             "there is no value",
         ),
@@ -92,7 +98,9 @@ def test_rehearsal_variant_is_derived_not_edited() -> None:
             "exceeds the largest possible acceptance length 6",
         ),
         (
-            lambda d: d["drafter"]["config"]["expected"].update(mask_id={"value": 1, "provenance": "reported", "source": "abc"}),
+            lambda d: d["drafter"]["config"]["expected"].update(
+                mask_id={"value": 1, "provenance": "reported", "source": "abc"}
+            ),
             "drafter.config.expected",
             "unknown drafter config field(s) ['mask_id']",
         ),
@@ -108,7 +116,9 @@ def test_rehearsal_variant_is_derived_not_edited() -> None:
         ),
     ],
 )
-def test_invalid_profiles_name_field_and_expectation(tmp_path: Path, mutate: Any, field: str, expected_text: str) -> None:
+def test_invalid_profiles_name_field_and_expectation(
+    tmp_path: Path, mutate: Any, field: str, expected_text: str
+) -> None:
     data = _raw("a6000-dflash")
     mutate(data)
     with pytest.raises(ProfileError) as info:
@@ -123,7 +133,9 @@ def test_invalid_profiles_name_field_and_expectation(tmp_path: Path, mutate: Any
 def test_secret_in_profile_is_refused(tmp_path: Path) -> None:
     data = _raw("a6000-dflash")
     data["engine"]["env"]["HF_TOKEN"] = "hf_" + "A" * 34
-    with pytest.raises(ProfileError, match=r"field engine.env.HF_TOKEN holds what looks like a Hugging Face token"):
+    with pytest.raises(
+        ProfileError, match=r"field engine.env.HF_TOKEN holds what looks like a Hugging Face token"
+    ):
         load_profile(_write(tmp_path, data))
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.conftest import DATA, make_drafter, rehearsal_dflash_config, reported_config
 
 from specdeploy import drafter_config
 from specdeploy.lock import Lock
 from specdeploy.profile import Profile
 from specdeploy.rehearsal import variants
-from tests.conftest import DATA, make_drafter, rehearsal_dflash_config, reported_config
 
 
 def _verify(cli: Any, directory: Path, profile: str | Path, *extra: str) -> tuple[int, dict[str, Any]]:
@@ -51,7 +51,12 @@ def test_field_handbuilt_config_fails_naming_every_wrong_field(cli: Any, tmp_pat
     assert result.exit_code == 1
     code, report = _verify(cli, tmp_path / "d", "a6000-dflash")
     failed = _failed(report)
-    assert {"dflash_config.mask_token_id", "dflash_config.target_layer_ids", "layer_types", "sliding_window"} <= failed
+    assert {
+        "dflash_config.mask_token_id",
+        "dflash_config.target_layer_ids",
+        "layer_types",
+        "sliding_window",
+    } <= failed
     by_field = {c["field"]: c for c in report["checks"] if not c["ok"]}
     mask = by_field["dflash_config.mask_token_id"]
     assert (mask["expected"], mask["found"]) == (248070, 151669)
@@ -85,7 +90,9 @@ def test_key_order_and_whitespace_do_not_matter(cli: Any, tmp_path: Path) -> Non
         (("num_attention_heads",), 40, "num_attention_heads"),
     ],
 )
-def test_each_pinned_field_mismatch_fails(cli: Any, tmp_path: Path, path: tuple[str, ...], bad_value: Any, field: str) -> None:
+def test_each_pinned_field_mismatch_fails(
+    cli: Any, tmp_path: Path, path: tuple[str, ...], bad_value: Any, field: str
+) -> None:
     config = reported_config()
     node = config
     for key in path[:-1]:
@@ -105,7 +112,9 @@ def test_missing_pinned_field_reported_absent(cli: Any, tmp_path: Path) -> None:
     assert found["sliding_window"] == "(absent)"
 
 
-def test_rehearsal_config_passes_and_dialects_are_accepted(cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile) -> None:
+def test_rehearsal_config_passes_and_dialects_are_accepted(
+    cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile
+) -> None:
     """The fixture writes the nested dialect; the flat one (older z-lab drafters) must pass too."""
     nested = rehearsal_dflash_config(dflash_profile)
     code, report = _verify(cli, make_drafter(tmp_path / "nested", nested), rehearsal_profile_path)
@@ -133,12 +142,16 @@ def test_rope_theta_dialects(tmp_path: Path, a6000: Profile) -> None:
 # --------------------------------------------------------------------------- structure vs target
 
 
-def _structure(cli: Any, tmp_path: Path, profile: str | Path, config: dict[str, Any], *extra: str) -> tuple[int, set[str]]:
+def _structure(
+    cli: Any, tmp_path: Path, profile: str | Path, config: dict[str, Any], *extra: str
+) -> tuple[int, set[str]]:
     code, report = _verify(cli, make_drafter(tmp_path / "d", config), profile, *extra)
     return code, _failed(report)
 
 
-def test_target_layer_ids_out_of_range(cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile) -> None:
+def test_target_layer_ids_out_of_range(
+    cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile
+) -> None:
     config = rehearsal_dflash_config(dflash_profile)
     config["dflash_config"]["target_layer_ids"] = [0, 4]  # the target has 4 layers: 0..3
     code, failed = _structure(cli, tmp_path, rehearsal_profile_path, config)
@@ -146,18 +159,30 @@ def test_target_layer_ids_out_of_range(cli: Any, tmp_path: Path, rehearsal_profi
     assert "dflash_config.target_layer_ids" in failed
 
 
-def test_target_dir_overrides_profile_facts(cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile) -> None:
+def test_target_dir_overrides_profile_facts(
+    cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile
+) -> None:
     """With --target, the bound comes from the target's own config.json (here 2 layers)."""
     config = rehearsal_dflash_config(dflash_profile)
     target = tmp_path / "target"
     target.mkdir()
-    (target / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 128, "vocab_size": 640}))
-    code, report = _verify(cli, make_drafter(tmp_path / "d", config), rehearsal_profile_path, "--target", str(target))
+    (target / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 2, "hidden_size": 128, "vocab_size": 640})
+    )
+    code, report = _verify(
+        cli, make_drafter(tmp_path / "d", config), rehearsal_profile_path, "--target", str(target)
+    )
     assert code == 1
-    bad = next(c for c in report["checks"] if c["field"] == "dflash_config.target_layer_ids" and c["kind"] == "structure")
+    bad = next(
+        c
+        for c in report["checks"]
+        if c["field"] == "dflash_config.target_layer_ids" and c["kind"] == "structure"
+    )
     assert "[0, 2)" in bad["expected"] and str(target) in bad["expected"]
     # and the multimodal layout (text_config) of Qwen3.6 targets is understood
-    (target / "config.json").write_text(json.dumps({"text_config": {"num_hidden_layers": 4, "hidden_size": 128, "vocab_size": 640}}))
+    (target / "config.json").write_text(
+        json.dumps({"text_config": {"num_hidden_layers": 4, "hidden_size": 128, "vocab_size": 640}})
+    )
     code, _ = _verify(cli, tmp_path / "d", rehearsal_profile_path, "--target", str(target))
     assert code == 0
 
@@ -174,7 +199,9 @@ def test_mask_token_id_outside_vocab(cli: Any, tmp_path: Path, a6000: Profile) -
     [["full_attention"] * 4, ["sliding_attention"] * 4 + ["chunked_attention"]],
     ids=["wrong-length", "unknown-type"],
 )
-def test_layer_types_shape(cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile, layer_types: list[str]) -> None:
+def test_layer_types_shape(
+    cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile, layer_types: list[str]
+) -> None:
     config = rehearsal_dflash_config(dflash_profile)
     config["layer_types"] = layer_types
     code, failed = _structure(cli, tmp_path, rehearsal_profile_path, config)
@@ -205,7 +232,9 @@ def test_sliding_layer_needs_a_window(cli: Any, tmp_path: Path, dflash_profile: 
     assert (code, failed) == (0, set())
 
 
-def test_block_size_missing_or_too_small(cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile) -> None:
+def test_block_size_missing_or_too_small(
+    cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile
+) -> None:
     config = rehearsal_dflash_config(dflash_profile)
     del config["dflash_config"]["block_size"]
     code, failed = _structure(cli, tmp_path / "a", rehearsal_profile_path, config)
@@ -213,11 +242,15 @@ def test_block_size_missing_or_too_small(cli: Any, tmp_path: Path, rehearsal_pro
 
     config["dflash_config"]["block_size"] = 3  # the variant drafts 3 tokens: needs >= 4
     code, report = _verify(cli, make_drafter(tmp_path / "b", config), rehearsal_profile_path)
-    row = next(c for c in report["checks"] if c["kind"] == "structure" and c["field"] == "dflash_config.block_size")
+    row = next(
+        c for c in report["checks"] if c["kind"] == "structure" and c["field"] == "dflash_config.block_size"
+    )
     assert code == 1 and not row["ok"] and "asks for 3" in row["consequence"]
 
 
-def test_unknown_architecture(cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile) -> None:
+def test_unknown_architecture(
+    cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile
+) -> None:
     config = rehearsal_dflash_config(dflash_profile)
     config["architectures"] = ["Qwen3ForCausalLM"]
     code, failed = _structure(cli, tmp_path, rehearsal_profile_path, config)
@@ -233,7 +266,12 @@ def test_hidden_size_must_equal_targets(cli: Any, tmp_path: Path, a6000: Profile
 
 
 def test_draft_model_vocab_must_equal_targets(cli: Any, tmp_path: Path) -> None:
-    config = {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 1, "hidden_size": 128, "vocab_size": 640}
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "num_hidden_layers": 1,
+        "hidden_size": 128,
+        "vocab_size": 640,
+    }
     code, _ = _structure(cli, tmp_path / "ok", "cpu-rehearsal", config)
     assert code == 0
     code, failed = _structure(cli, tmp_path / "bad", "cpu-rehearsal", dict(config, vocab_size=512))
@@ -246,13 +284,23 @@ def test_draft_model_vocab_must_equal_targets(cli: Any, tmp_path: Path) -> None:
 def test_hash_recorded_in_lock_names_differing_fields(cli: Any, tmp_path: Path, a6000: Profile) -> None:
     config = reported_config()
     lock = Lock(tmp_path / "specdeploy.lock")
-    lock.record(a6000.name, drafter_config.LOCK_KEY, drafter_config.canonical_sha256(config), by="test", detail={"content": config})
+    lock.record(
+        a6000.name,
+        drafter_config.LOCK_KEY,
+        drafter_config.canonical_sha256(config),
+        by="test",
+        detail={"content": config},
+    )
 
-    code, report = _verify(cli, make_drafter(tmp_path / "same", config), "a6000-dflash", "--lock", str(lock.path))
+    code, report = _verify(
+        cli, make_drafter(tmp_path / "same", config), "a6000-dflash", "--lock", str(lock.path)
+    )
     assert code == 0 and any(c["kind"] == "hash" and c["ok"] for c in report["checks"])
 
     changed = dict(config, intermediate_size=17409, rms_norm_eps=1e-5)
-    code, report = _verify(cli, make_drafter(tmp_path / "changed", changed), "a6000-dflash", "--lock", str(lock.path))
+    code, report = _verify(
+        cli, make_drafter(tmp_path / "changed", changed), "a6000-dflash", "--lock", str(lock.path)
+    )
     hash_row = next(c for c in report["checks"] if c["kind"] == "hash")
     assert code == 1 and not hash_row["ok"]
     assert "fields that differ: intermediate_size, rms_norm_eps" in hash_row["consequence"]
@@ -284,15 +332,25 @@ def test_missing_file_exits_2(cli: Any, tmp_path: Path) -> None:
 
 
 def test_not_json_exits_2(cli: Any, tmp_path: Path) -> None:
-    result = cli("verify-config", make_drafter(tmp_path / "d", '{"architectures": ["DFlash'), "--profile", "a6000-dflash")
+    result = cli(
+        "verify-config",
+        make_drafter(tmp_path / "d", '{"architectures": ["DFlash'),
+        "--profile",
+        "a6000-dflash",
+    )
     assert result.exit_code == 2
     assert "not valid JSON" in result.stderr
 
 
 def test_unresolved_expectation_cannot_pass(cli: Any, tmp_path: Path, dflash_profile: Profile) -> None:
     data = dflash_profile.model_dump(mode="json")
-    data["drafter"]["config"]["expected"]["mask_token_id"] = {"provenance": "unresolved", "source": "not yet known"}
-    profile = variants.derive(dflash_profile, "cpu-rehearsal-unres", {"drafter": data["drafter"]}, replace=("drafter",))
+    data["drafter"]["config"]["expected"]["mask_token_id"] = {
+        "provenance": "unresolved",
+        "source": "not yet known",
+    }
+    profile = variants.derive(
+        dflash_profile, "cpu-rehearsal-unres", {"drafter": data["drafter"]}, replace=("drafter",)
+    )
     path = variants.materialize(profile, tmp_path / "p")
     code, report = _verify(cli, make_drafter(tmp_path / "d", rehearsal_dflash_config(dflash_profile)), path)
     row = next(c for c in report["checks"] if c["kind"] == "field" and c["field"].endswith("mask_token_id"))

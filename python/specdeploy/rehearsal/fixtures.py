@@ -61,7 +61,10 @@ def _cached(kind: str, params: dict[str, Any], build: Callable[[Path], None]) ->
 
 def tokenizer_dir() -> Path:
     """A byte-level BPE tokenizer trained on the rehearsal corpus, with Qwen's special tokens."""
-    params = {"vocab": TOKENIZER_VOCAB, "corpus": hashlib.sha256("".join(corpus.training_texts()).encode()).hexdigest()}
+    params = {
+        "vocab": TOKENIZER_VOCAB,
+        "corpus": hashlib.sha256("".join(corpus.training_texts()).encode()).hexdigest(),
+    }
 
     def build(out: Path) -> None:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

