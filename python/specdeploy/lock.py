@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from specdeploy import atomic
-from specdeploy.errors import LockMismatchError, SpecdeployError
+from specdeploy.errors import LockMismatchError, SpecdeployError, UnresolvedPinError
+from specdeploy.profile import Profile, iter_pins
 
 LOCK_SCHEMA = 1
 
@@ -80,3 +81,25 @@ class Lock:
         text = json.dumps(self.data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
         atomic.write_bytes(self.path, text.encode("utf-8"))
         return True
+
+
+def require(profile: Profile, path: str, lock: Lock | None) -> Any:
+    """The value a stage must use for pin `path`: the profile's if resolved, else the lock's.
+
+    A pin that is unresolved in both is refused here, naming the pin and where its value
+    will come from — stages call this instead of falling back to a default or a guess.
+    """
+    pins = dict(iter_pins(profile))
+    if path not in pins:
+        raise SpecdeployError(f"profile {profile.name} has no pin {path!r}")
+    pin = pins[path]
+    if pin.resolved:
+        return pin.value
+    recorded = lock.value(profile.name, path) if lock is not None else None
+    if recorded is not None:
+        return recorded
+    where = f"the lock {lock.path}" if lock is not None else "any lock"
+    raise UnresolvedPinError(
+        f"profile {profile.name}: {path} is unresolved in the profile and in {where}",
+        hint=f"its value comes from: {pin.source}",
+    )
