@@ -27,6 +27,9 @@ GENERATOR_VERSION = 1
 HEAD_DIM = 64  # vLLM's CPU attention rejects head_dim 16 (FACTS section 5)
 TOKENIZER_VOCAB = 600
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TRAIN_LR = 3e-3
+TARGET_TRAIN_STEPS = 300
+DRAFT_TRAIN_STEPS = 120
 
 
 def _key(kind: str, params: dict[str, Any]) -> str:
@@ -136,14 +139,44 @@ def _qwen3_config(layers: int, hidden: int, vocab: int) -> Any:
     )
 
 
-def _random_qwen3(out: Path, layers: int, hidden: int, vocab: int, seed: int) -> None:
+def _train(model: Any, steps: int, lr: float) -> float:
+    """Full-batch AdamW on the rehearsal corpus until it is memorised (seconds on 2 cores).
+
+    Returns the final loss. The smoke test's known answers ("42", "Paris", ...) and the
+    passages it continues come from this corpus, so a trained fixture is coherent on them.
+    """
+    import torch
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_dir() / "tokenizer.json"))
+    encoded = [tok.encode(text).ids for text in corpus.training_texts()]
+    width = max(len(ids) for ids in encoded)
+    pad = special_token_id("<|endoftext|>")
+    input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in encoded])
+    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in encoded])
+    labels = input_ids.masked_fill(mask == 0, -100)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    loss = torch.tensor(float("inf"))
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return float(loss)
+
+
+def _qwen3(out: Path, layers: int, hidden: int, vocab: int, seed: int, train_steps: int) -> None:
     import torch
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(_qwen3_config(layers, hidden, vocab))
+    loss = _train(model, train_steps, TRAIN_LR) if train_steps else None
     model.save_pretrained(out, safe_serialization=True)
     _copy_tokenizer(out)
+    (out / "training.json").write_text(json.dumps({"steps": train_steps, "lr": TRAIN_LR, "final_loss": loss}))
 
 
 def _facts(profile: Profile) -> tuple[int, int, int]:
@@ -151,20 +184,38 @@ def _facts(profile: Profile) -> tuple[int, int, int]:
     return f.num_hidden_layers.value, f.hidden_size.value, f.vocab_size.value
 
 
-def build_target(profile: Profile, seed: int = 1) -> Path:
-    """The tiny Qwen3 target, shaped by the profile's target facts."""
+def build_target(profile: Profile, *, trained: bool = True, seed: int = 1) -> Path:
+    """The tiny Qwen3 target, shaped by the profile's target facts. `trained=False` gives
+    the random-weight target whose output is real degenerate text ("fox fox fox", U+FFFD)."""
     layers, hidden, vocab = _facts(profile)
-    params = {"layers": layers, "hidden": hidden, "vocab": vocab, "seed": seed}
-    return _cached("target", params, lambda out: _random_qwen3(out, layers, hidden, vocab, seed))
+    steps = TARGET_TRAIN_STEPS if trained else 0
+    params = {
+        "layers": layers,
+        "hidden": hidden,
+        "vocab": vocab,
+        "seed": seed,
+        "steps": steps,
+        "lr": TRAIN_LR,
+    }
+    return _cached("target", params, lambda out: _qwen3(out, layers, hidden, vocab, seed, steps))
 
 
 def build_draft_model(profile: Profile, seed: int = 2) -> Path:
-    """A smaller Qwen3 sharing the target's tokenizer: the `draft_model` drafter."""
+    """A smaller Qwen3 sharing the target's tokenizer, trained less: the `draft_model`
+    drafter, with high but imperfect acceptance."""
     layers = profile.drafter_expected("num_hidden_layers")
     hidden = profile.drafter_expected("hidden_size")
     vocab = profile.drafter_expected("vocab_size")
-    params = {"layers": layers, "hidden": hidden, "vocab": vocab, "seed": seed}
-    return _cached("draft", params, lambda out: _random_qwen3(out, layers, hidden, vocab, seed))
+    steps = DRAFT_TRAIN_STEPS
+    params = {
+        "layers": layers,
+        "hidden": hidden,
+        "vocab": vocab,
+        "seed": seed,
+        "steps": steps,
+        "lr": TRAIN_LR,
+    }
+    return _cached("draft", params, lambda out: _qwen3(out, layers, hidden, vocab, seed, steps))
 
 
 def dflash_config_for(profile: Profile) -> dict[str, Any]:
