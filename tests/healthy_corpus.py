@@ -39,8 +39,8 @@ def catalog_texts(per_language: int = 6, size: int = 600) -> list[tuple[str, str
         for mo in files:
             try:
                 with mo.open("rb") as fh:
-                    catalog = gettext.GNUTranslations(fh)._catalog  # noqa: SLF001 - read-only use
-            except (OSError, UnicodeDecodeError, gettext.error if hasattr(gettext, "error") else OSError):
+                    catalog = gettext.GNUTranslations(fh)._catalog  # read-only use of the parsed catalog
+            except (OSError, UnicodeDecodeError):
                 continue
             messages = [
                 v
