@@ -34,9 +34,7 @@ LockOpt = Annotated[
 ]
 TargetOpt = Annotated[
     Path | None,
-    typer.Option(
-        "--target", help="the target model's directory; its config.json overrides the profile's facts"
-    ),
+    typer.Option("--target", help="the target model's directory; its config.json overrides the profile's facts"),
 ]
 
 
@@ -98,9 +96,7 @@ def profile_show(name: str, as_json: JsonOpt = False) -> None:
     table = Table("pin", "value", "provenance", "source", title="pins")
     for path, pin in profile_mod.iter_pins(p):
         style = "red" if not pin.resolved else None
-        table.add_row(
-            path, _text(pin.value) if pin.resolved else "-", pin.provenance.value, pin.source, style=style
-        )
+        table.add_row(path, _text(pin.value) if pin.resolved else "-", pin.provenance.value, pin.source, style=style)
     out.print(table)
 
 
@@ -113,17 +109,13 @@ def _print_report(report: drafter_config.Report) -> None:
         mark = "[green]ok[/]" if c.ok else "[bold red]FAIL[/]"
         table.add_row(mark, c.field, _text(c.expected), _text(c.found), "" if c.ok else c.consequence)
     out.print(table)
-    verdict = (
-        "[green]config verified[/]" if report.ok else f"[bold red]{len(report.failures)} check(s) failed[/]"
-    )
+    verdict = "[green]config verified[/]" if report.ok else f"[bold red]{len(report.failures)} check(s) failed[/]"
     out.print(f"{verdict} — canonical sha256 {report.canonical_sha256}")
 
 
 @app.command("verify-config")
 def verify_config(
-    drafter_dir: Annotated[
-        Path, typer.Argument(help="directory holding the drafter's config.json (or the file)")
-    ],
+    drafter_dir: Annotated[Path, typer.Argument(help="directory holding the drafter's config.json (or the file)")],
     profile: ProfileOpt,
     target: TargetOpt = None,
     lock: LockOpt = None,
@@ -192,13 +184,66 @@ def write_config(
         out.print_json(data=summary | {"report": result.report.to_json()})
         return
     state = "written" if result.config_changed else "already up to date"
-    out.print(
-        f"[green]config.json {state}[/] in {result.serving_dir} (canonical sha256 {result.canonical_sha256})"
-    )
+    out.print(f"[green]config.json {state}[/] in {result.serving_dir} (canonical sha256 {result.canonical_sha256})")
     if result.links_changed or result.links_removed:
         out.print(f"links updated: {result.links_changed}, removed: {result.links_removed}")
     if result.lock_recorded:
         out.print("recorded the canonical sha256 in the lock (first verified write)")
+
+
+# --------------------------------------------------------------------------- smoke
+
+
+def print_smoke_report(report: Any) -> None:
+    from specdeploy.smoke import Status
+
+    colours = {Status.passed: "green", Status.failed: "bold red", Status.error: "bold magenta"}
+    table = Table("stage", "result", "summary", title=f"smoke {report.profile} @ {report.endpoint}")
+    for stage in report.stages:
+        colour = colours.get(stage.status, "yellow")
+        table.add_row(stage.name, f"[{colour}]{stage.status.value}[/]", stage.summary)
+    out.print(table)
+    for line in report.diagnosis:
+        out.print(f"[bold]diagnosis:[/] {line}", highlight=False)
+    out.print(f"verdict: [bold]{report.verdict.value}[/] (exit {report.exit_code}) in {report.elapsed_s:.1f}s")
+
+
+@app.command("smoke")
+def smoke_cmd(
+    endpoint: Annotated[str, typer.Option("--endpoint", help="base URL, e.g. http://127.0.0.1:8000")],
+    profile: ProfileOpt,
+    json_path: Annotated[Path | None, typer.Option("--json", help="also write the report as JSON here")] = None,
+    golden: Annotated[Path | None, typer.Option(help="compare with a golden transcript")] = None,
+    record_golden: Annotated[
+        Path | None, typer.Option(help="record a golden transcript (at a verified deploy)")
+    ] = None,
+    readiness_timeout: Annotated[float | None, typer.Option(help="seconds to wait for readiness")] = None,
+) -> None:
+    """The smoke gate: readiness, identity, coherence, golden, acceptance, throughput.
+
+    Exit 0 pass, 1 fail, 2 could not test (unreachable, server error), 3 inconclusive.
+    The API key, when the server needs one, is read from $SPECDEPLOY_API_KEY (never argv).
+    """
+    import os
+
+    from specdeploy import atomic, smoke
+
+    try:
+        p = profile_mod.load_profile(profile)
+    except SpecdeployError as exc:
+        raise _fail(exc) from None
+    options = smoke.SmokeOptions(
+        golden=golden,
+        record_golden=record_golden,
+        api_key=os.environ.get("SPECDEPLOY_API_KEY"),
+        show_progress=sys.stderr.isatty(),
+        readiness_timeout_s=readiness_timeout,
+    )
+    report = smoke.run(p, endpoint, options)
+    print_smoke_report(report)
+    if json_path is not None:
+        atomic.write_bytes(json_path, (json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n").encode())
+    raise typer.Exit(report.exit_code)
 
 
 def _register_optional() -> None:

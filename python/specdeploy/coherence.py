@@ -17,9 +17,7 @@ import zlib
 from dataclasses import dataclass
 
 # Template tokens of the Qwen/ChatML family and other common chat formats.
-_TEMPLATE_RE = re.compile(
-    r"<\|(?:im_start|im_end|endoftext|eot_id|start_header_id|end_header_id)\|>|\[/?INST\]"
-)
+_TEMPLATE_RE = re.compile(r"<\|(?:im_start|im_end|endoftext|eot_id|start_header_id|end_header_id)\|>|\[/?INST\]")
 _BANG_RE = re.compile(r"[!！]{6,}")
 _MAX_PERIOD = 48
 
@@ -102,22 +100,14 @@ def detect(text: str) -> list[Finding]:
 
     template = _TEMPLATE_RE.findall(text)
     if template:
-        findings.append(
-            Finding("template-tokens", f"chat-template tokens in the text: {sorted(set(template))}")
-        )
+        findings.append(Finding("template-tokens", f"chat-template tokens in the text: {sorted(set(template))}"))
 
-    bad = sum(
-        1
-        for ch in text
-        if ch == "\ufffd" or (unicodedata.category(ch) in ("Cc", "Cs") and ch not in "\n\r\t")
-    )
+    bad = sum(1 for ch in text if ch == "\ufffd" or (unicodedata.category(ch) in ("Cc", "Cs") and ch not in "\n\r\t"))
     if bad >= 3 or bad / len(text) > 0.05:
         findings.append(Finding("bad-characters", f"{bad} U+FFFD/control characters in {len(text)}"))
 
     if bang := _BANG_RE.search(text):
-        findings.append(
-            Finding("exclamation-run", f"a run of {len(bang.group())} '!' (NaN logits decode to '!')")
-        )
+        findings.append(Finding("exclamation-run", f"a run of {len(bang.group())} '!' (NaN logits decode to '!')"))
 
     run, period, unit = _longest_periodic_run(stripped)
     share = run / len(stripped)
@@ -129,9 +119,7 @@ def detect(text: str) -> list[Finding]:
         or run >= 200
     ):
         findings.append(
-            Finding(
-                "repetition-loop", f"{unit!r} repeated {repeats:.0f}x ({run} of {len(stripped)} characters)"
-            )
+            Finding("repetition-loop", f"{unit!r} repeated {repeats:.0f}x ({run} of {len(stripped)} characters)")
         )
     elif len(stripped) <= 40 and (words := stripped.split()) and len(words) >= 2 and len(set(words)) == 1:
         findings.append(Finding("repetition-loop", f"the whole output repeats one word: {stripped!r}"))
@@ -141,15 +129,11 @@ def detect(text: str) -> list[Finding]:
         ratio = compression_ratio(text)
         limit = compression_threshold(n_bytes)
         if ratio > limit:
-            findings.append(
-                Finding("compression-ratio", f"zlib ratio {ratio:.1f} > {limit:.1f} for {n_bytes} bytes")
-            )
+            findings.append(Finding("compression-ratio", f"zlib ratio {ratio:.1f} > {limit:.1f} for {n_bytes} bytes"))
 
     # Garbage from a broken multilingual model mixes alphabets inside many words; human text
     # does so rarely (a stray Latin "i" in a Ukrainian word), so demand a share of the words.
     mixed, words = _mixed_words(text)
     if len(mixed) >= 3 and len(mixed) >= 0.15 * words:
-        findings.append(
-            Finding("script-mixing", f"{len(mixed)} of {words} words mix writing systems: {mixed[:5]}")
-        )
+        findings.append(Finding("script-mixing", f"{len(mixed)} of {words} words mix writing systems: {mixed[:5]}"))
     return findings

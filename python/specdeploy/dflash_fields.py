@@ -48,8 +48,7 @@ FIELDS: dict[str, LogicalField] = {
         LogicalField(
             "block_size",
             ("dflash_config.block_size", "block_size"),
-            "the drafter proposes a block of the wrong length; num_speculative_tokens "
-            "must be <= block_size - 1",
+            "the drafter proposes a block of the wrong length; num_speculative_tokens must be <= block_size - 1",
         ),
         LogicalField(
             "layer_types",

@@ -150,9 +150,7 @@ def target_shape(profile: Profile, target_dir: Path | None) -> TargetShape:
         except KeyError as exc:
             raise ConfigFileError(f"{target_dir}/{CONFIG_NAME}: field {exc.args[0]} is missing") from None
     facts = profile.target.facts
-    unresolved = [
-        n for n in ("num_hidden_layers", "hidden_size", "vocab_size") if not getattr(facts, n).resolved
-    ]
+    unresolved = [n for n in ("num_hidden_layers", "hidden_size", "vocab_size") if not getattr(facts, n).resolved]
     if unresolved:
         raise UnresolvedPinError(
             f"profile {profile.name}: target.facts {', '.join(unresolved)} unresolved",
@@ -207,9 +205,7 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
         ]
     checks: list[Check] = []
 
-    def add(
-        logical: str, where: str | None, expected: str, found: Any, ok: bool, consequence: str = ""
-    ) -> None:
+    def add(logical: str, where: str | None, expected: str, found: Any, ok: bool, consequence: str = "") -> None:
         """One structure row, labelled by where the field was found (or its logical name)."""
         text = consequence or dflash_fields.FIELDS[logical].consequence
         checks.append(Check(where or logical, expected, found if where else _ABSENT, ok, text, "structure"))
@@ -340,13 +336,10 @@ class WriteResult:
 
 def _refuse_unresolved(profile: Profile) -> None:
     assert profile.drafter is not None and profile.drafter.config is not None
-    missing = [
-        f"drafter.config.expected.{n}" for n, p in profile.drafter.config.expected.items() if not p.resolved
-    ]
+    missing = [f"drafter.config.expected.{n}" for n, p in profile.drafter.config.expected.items() if not p.resolved]
     if missing:
         raise UnresolvedPinError(
-            f"profile {profile.name}: refusing to write a config whose content is unresolved: "
-            + ", ".join(missing),
+            f"profile {profile.name}: refusing to write a config whose content is unresolved: " + ", ".join(missing),
             hint="pin each field's value (with its provenance) in the profile; specdeploy never guesses",
         )
 

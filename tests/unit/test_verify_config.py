@@ -166,17 +166,11 @@ def test_target_dir_overrides_profile_facts(
     config = rehearsal_dflash_config(dflash_profile)
     target = tmp_path / "target"
     target.mkdir()
-    (target / "config.json").write_text(
-        json.dumps({"num_hidden_layers": 2, "hidden_size": 128, "vocab_size": 640})
-    )
-    code, report = _verify(
-        cli, make_drafter(tmp_path / "d", config), rehearsal_profile_path, "--target", str(target)
-    )
+    (target / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 128, "vocab_size": 640}))
+    code, report = _verify(cli, make_drafter(tmp_path / "d", config), rehearsal_profile_path, "--target", str(target))
     assert code == 1
     bad = next(
-        c
-        for c in report["checks"]
-        if c["field"] == "dflash_config.target_layer_ids" and c["kind"] == "structure"
+        c for c in report["checks"] if c["field"] == "dflash_config.target_layer_ids" and c["kind"] == "structure"
     )
     assert "[0, 2)" in bad["expected"] and str(target) in bad["expected"]
     # and the multimodal layout (text_config) of Qwen3.6 targets is understood
@@ -242,15 +236,11 @@ def test_block_size_missing_or_too_small(
 
     config["dflash_config"]["block_size"] = 3  # the variant drafts 3 tokens: needs >= 4
     code, report = _verify(cli, make_drafter(tmp_path / "b", config), rehearsal_profile_path)
-    row = next(
-        c for c in report["checks"] if c["kind"] == "structure" and c["field"] == "dflash_config.block_size"
-    )
+    row = next(c for c in report["checks"] if c["kind"] == "structure" and c["field"] == "dflash_config.block_size")
     assert code == 1 and not row["ok"] and "asks for 3" in row["consequence"]
 
 
-def test_unknown_architecture(
-    cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile
-) -> None:
+def test_unknown_architecture(cli: Any, tmp_path: Path, rehearsal_profile_path: Path, dflash_profile: Profile) -> None:
     config = rehearsal_dflash_config(dflash_profile)
     config["architectures"] = ["Qwen3ForCausalLM"]
     code, failed = _structure(cli, tmp_path, rehearsal_profile_path, config)
@@ -292,15 +282,11 @@ def test_hash_recorded_in_lock_names_differing_fields(cli: Any, tmp_path: Path, 
         detail={"content": config},
     )
 
-    code, report = _verify(
-        cli, make_drafter(tmp_path / "same", config), "a6000-dflash", "--lock", str(lock.path)
-    )
+    code, report = _verify(cli, make_drafter(tmp_path / "same", config), "a6000-dflash", "--lock", str(lock.path))
     assert code == 0 and any(c["kind"] == "hash" and c["ok"] for c in report["checks"])
 
     changed = dict(config, intermediate_size=17409, rms_norm_eps=1e-5)
-    code, report = _verify(
-        cli, make_drafter(tmp_path / "changed", changed), "a6000-dflash", "--lock", str(lock.path)
-    )
+    code, report = _verify(cli, make_drafter(tmp_path / "changed", changed), "a6000-dflash", "--lock", str(lock.path))
     hash_row = next(c for c in report["checks"] if c["kind"] == "hash")
     assert code == 1 and not hash_row["ok"]
     assert "fields that differ: intermediate_size, rms_norm_eps" in hash_row["consequence"]
@@ -348,9 +334,7 @@ def test_unresolved_expectation_cannot_pass(cli: Any, tmp_path: Path, dflash_pro
         "provenance": "unresolved",
         "source": "not yet known",
     }
-    profile = variants.derive(
-        dflash_profile, "cpu-rehearsal-unres", {"drafter": data["drafter"]}, replace=("drafter",)
-    )
+    profile = variants.derive(dflash_profile, "cpu-rehearsal-unres", {"drafter": data["drafter"]}, replace=("drafter",))
     path = variants.materialize(profile, tmp_path / "p")
     code, report = _verify(cli, make_drafter(tmp_path / "d", rehearsal_dflash_config(dflash_profile)), path)
     row = next(c for c in report["checks"] if c["kind"] == "field" and c["field"].endswith("mask_token_id"))

@@ -116,33 +116,23 @@ def test_drifted_upstream_file_fails_against_lock(
 def test_refuses_unresolved_content(tmp_path: Path, download: Path, dflash_profile: Profile) -> None:
     drafter = dflash_profile.model_dump(mode="json")["drafter"]
     drafter["config"]["expected"]["target_layer_ids"] = {"provenance": "unresolved", "source": "ask z-lab"}
-    profile = variants.derive(
-        dflash_profile, "cpu-rehearsal-unres", {"drafter": drafter}, replace=("drafter",)
-    )
+    profile = variants.derive(dflash_profile, "cpu-rehearsal-unres", {"drafter": drafter}, replace=("drafter",))
     with pytest.raises(UnresolvedPinError, match=r"drafter\.config\.expected\.target_layer_ids"):
-        drafter_config.write_serving_dir(
-            tmp_path / "serving", profile, source_dir=download, lock=Lock(tmp_path / "l")
-        )
+        drafter_config.write_serving_dir(tmp_path / "serving", profile, source_dir=download, lock=Lock(tmp_path / "l"))
     assert not (tmp_path / "serving").exists()
 
 
 def test_a6000_missing_download_exits_2(cli: Any, tmp_path: Path) -> None:
     """The production profile pins every field it checks, so write-config goes on to read
     the download — and a missing download is reported (exit 2), not papered over."""
-    result = cli(
-        "write-config", tmp_path / "serving", "--profile", "a6000-dflash", "--source", tmp_path / "nothing"
-    )
+    result = cli("write-config", tmp_path / "serving", "--profile", "a6000-dflash", "--source", tmp_path / "nothing")
     assert result.exit_code == 2
     assert "no such file" in result.stderr
 
 
-def test_serving_dir_must_not_be_the_download(
-    tmp_path: Path, download: Path, dflash_profile: Profile
-) -> None:
+def test_serving_dir_must_not_be_the_download(tmp_path: Path, download: Path, dflash_profile: Profile) -> None:
     with pytest.raises(WriteError, match="is the download itself"):
-        drafter_config.write_serving_dir(
-            download, dflash_profile, source_dir=download, lock=Lock(tmp_path / "l")
-        )
+        drafter_config.write_serving_dir(download, dflash_profile, source_dir=download, lock=Lock(tmp_path / "l"))
 
 
 # --------------------------------------------------------------------------- real filesystems

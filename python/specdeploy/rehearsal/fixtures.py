@@ -23,7 +23,7 @@ from specdeploy.profile import Profile
 from specdeploy.rehearsal import corpus
 
 # Bump when the generator's output changes, so cached fixtures are rebuilt.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 HEAD_DIM = 64  # vLLM's CPU attention rejects head_dim 16 (FACTS section 5)
 TOKENIZER_VOCAB = 600
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -66,7 +66,7 @@ def tokenizer_dir() -> Path:
     """A byte-level BPE tokenizer trained on the rehearsal corpus, with Qwen's special tokens."""
     params = {
         "vocab": TOKENIZER_VOCAB,
-        "corpus": hashlib.sha256("".join(corpus.training_texts()).encode()).hexdigest(),
+        "corpus": corpus.fingerprint(),
     }
 
     def build(out: Path) -> None:
@@ -164,7 +164,7 @@ def _train(model: Any, steps: int, lr: float) -> float:
         loss.backward()
         optimizer.step()
     model.eval()
-    return float(loss)
+    return float(loss.detach())
 
 
 def _qwen3(out: Path, layers: int, hidden: int, vocab: int, seed: int, train_steps: int) -> None:
@@ -184,38 +184,26 @@ def _facts(profile: Profile) -> tuple[int, int, int]:
     return f.num_hidden_layers.value, f.hidden_size.value, f.vocab_size.value
 
 
+def _build_qwen3(kind: str, layers: int, hidden: int, vocab: int, seed: int, steps: int) -> Path:
+    params = {
+        "layers": layers, "hidden": hidden, "vocab": vocab, "seed": seed,
+        "steps": steps, "lr": TRAIN_LR, "corpus": corpus.fingerprint() if steps else None,
+    }  # fmt: skip
+    return _cached(kind, params, lambda out: _qwen3(out, layers, hidden, vocab, seed, steps))
+
+
 def build_target(profile: Profile, *, trained: bool = True, seed: int = 1) -> Path:
     """The tiny Qwen3 target, shaped by the profile's target facts. `trained=False` gives
     the random-weight target whose output is real degenerate text ("fox fox fox", U+FFFD)."""
     layers, hidden, vocab = _facts(profile)
-    steps = TARGET_TRAIN_STEPS if trained else 0
-    params = {
-        "layers": layers,
-        "hidden": hidden,
-        "vocab": vocab,
-        "seed": seed,
-        "steps": steps,
-        "lr": TRAIN_LR,
-    }
-    return _cached("target", params, lambda out: _qwen3(out, layers, hidden, vocab, seed, steps))
+    return _build_qwen3("target", layers, hidden, vocab, seed, TARGET_TRAIN_STEPS if trained else 0)
 
 
 def build_draft_model(profile: Profile, seed: int = 2) -> Path:
     """A smaller Qwen3 sharing the target's tokenizer, trained less: the `draft_model`
     drafter, with high but imperfect acceptance."""
-    layers = profile.drafter_expected("num_hidden_layers")
-    hidden = profile.drafter_expected("hidden_size")
-    vocab = profile.drafter_expected("vocab_size")
-    steps = DRAFT_TRAIN_STEPS
-    params = {
-        "layers": layers,
-        "hidden": hidden,
-        "vocab": vocab,
-        "seed": seed,
-        "steps": steps,
-        "lr": TRAIN_LR,
-    }
-    return _cached("draft", params, lambda out: _qwen3(out, layers, hidden, vocab, seed, steps))
+    layers, hidden, vocab = (profile.drafter_expected(n) for n in ("num_hidden_layers", "hidden_size", "vocab_size"))
+    return _build_qwen3("draft", layers, hidden, vocab, seed, DRAFT_TRAIN_STEPS)
 
 
 def dflash_config_for(profile: Profile) -> dict[str, Any]:

@@ -93,15 +93,18 @@ def start(
     drafter: Path | None,
     log_path: Path,
     python: str | None = None,
+    speculative: bool = True,
 ) -> EngineProcess:
     """Start the engine in its own process group (so stop() also ends its workers)."""
     command = engine_args.render(
-        profile, model=str(model), drafter=str(drafter) if drafter else None, python=python or sys.executable
+        profile,
+        model=str(model),
+        drafter=str(drafter) if drafter else None,
+        python=python or sys.executable,
+        speculative=speculative,
     )
     env = {**os.environ, **command.env}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            command.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        process = subprocess.Popen(command.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return EngineProcess(profile, process, log_path, command.argv)

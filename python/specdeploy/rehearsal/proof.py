@@ -70,9 +70,7 @@ def prepare(workdir: Path, profile: Profile | None = None) -> Prepared:
 
 
 def launch(prepared: Prepared, log_path: Path) -> launcher.EngineProcess:
-    return launcher.start(
-        prepared.profile, model=prepared.target, drafter=prepared.serving, log_path=log_path
-    )
+    return launcher.start(prepared.profile, model=prepared.target, drafter=prepared.serving, log_path=log_path)
 
 
 def one_request(url: str, model: str) -> tuple[str, float]:
@@ -119,9 +117,7 @@ def run_dflash_proof(workdir: Path, *, keep_running: bool = False, ready_timeout
         aux = startup_log.check_aux_layers(prepared.profile, engine.log())
         result.add("auxiliary layers", aux.ok, aux.message)
         text, drafts = one_request(engine.url, prepared.profile.engine.serve.served_model_name)
-        result.add(
-            "request", drafts > 0, f"{drafts:.0f} drafts proposed by the DFlash drafter; text {text[:40]!r}"
-        )
+        result.add("request", drafts > 0, f"{drafts:.0f} drafts proposed by the DFlash drafter; text {text[:40]!r}")
     finally:
         if keep_running and result.ok:
             result.engine = engine

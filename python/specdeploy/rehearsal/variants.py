@@ -45,9 +45,7 @@ def derive(base: Profile, name: str, patch: dict[str, Any], *, replace: tuple[st
     return parse_profile(merged, f"variant {name} of {base.name}")
 
 
-def dflash(
-    base: Profile | None = None, *, target_layer_ids: list[int] | None = None, port: int = 8101
-) -> Profile:
+def dflash(base: Profile | None = None, *, target_layer_ids: list[int] | None = None, port: int = 8101) -> Profile:
     """cpu-rehearsal with a tiny DFlash drafter tapping target layers [0, 2] (2 taps).
 
     vLLM shifts DFlash tap ids by +1, so it logs auxiliary layers (1, 3) for [0, 2].
@@ -88,3 +86,31 @@ def materialize(profile: Profile, directory: Path) -> Path:
     path = directory / f"{profile.name}.yaml"
     path.write_text(yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False))
     return path
+
+
+def self_draft(base: Profile | None = None, *, port: int = 8104) -> Profile:
+    """The target drafting for itself (draft_model = the target): acceptance is ~100% by
+    construction. With the untrained target this is the token-loop signature."""
+    base = base or load_profile(BASE)
+    layers = base.target.facts.num_hidden_layers.value
+    src = "the target itself (a model drafting for itself accepts 100%)"
+    patch = {
+        "description": "cpu-rehearsal with the target as its own draft model",
+        "engine": {"serve": {"port": port}},
+        "drafter": {
+            "repo": base.target.repo,
+            "config": {"expected": {"num_hidden_layers": _rehearsal_pin(layers, src)}},
+        },
+    }
+    return derive(base, f"{BASE}-self-draft", patch)
+
+
+def on_port(base: Profile, name: str, port: int) -> Profile:
+    """The same stack on another port (to run several rehearsal servers side by side)."""
+    return derive(base, name, {"engine": {"serve": {"port": port}}})
+
+
+def engine_version(base: Profile, version: str) -> Profile:
+    """The profile pinning another engine version: what a host with the wrong build looks like."""
+    pin = {"value": version, "provenance": "rehearsal", "source": "test variant: a different engine version"}
+    return derive(base, f"{base.name}-v{version.replace('.', '-')}", {"engine": {"source": {"version": pin}}})
