@@ -113,23 +113,25 @@ class EngineClient:
             int(data.get("usage", {}).get("completion_tokens", 0)),
         )
 
-    def stream_chat(self, prompt: str, *, max_tokens: int, template_kwargs: dict[str, Any] | None = None) -> Throughput:
-        """Time to first token and decode rate of one streamed request (concurrency 1)."""
-        body: dict[str, Any] = {
+    def stream_completion(self, prompt: str, *, max_tokens: int) -> Throughput:
+        """Time to first token and decode rate of one streamed completion (concurrency 1).
+
+        A raw completion prompt, not chat: the same text every run, with no chat template or
+        thinking block to shift the length, so figures compare across deploys.
+        """
+        body = {
             "model": self.model,
-            "messages": [{"role": "user", "content": prompt}],
+            "prompt": prompt,
             "max_tokens": max_tokens,
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        if template_kwargs:
-            body["chat_template_kwargs"] = template_kwargs
         start = time.monotonic()
         first = last = None
         tokens = 0
         try:
-            with self.http.stream("POST", "/v1/chat/completions", json=body) as response:
+            with self.http.stream("POST", "/v1/completions", json=body) as response:
                 if response.status_code >= 400:
                     raise EngineUnavailable(f"stream: HTTP {response.status_code}")
                 for line in response.iter_lines():
@@ -138,7 +140,7 @@ class EngineClient:
                     chunk = json.loads(line[6:])
                     if chunk.get("usage"):
                         tokens = int(chunk["usage"].get("completion_tokens", tokens))
-                    if any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
+                    if any(c.get("text") for c in chunk.get("choices", [])):
                         now = time.monotonic()
                         first = first or now
                         last = now

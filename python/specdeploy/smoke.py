@@ -368,7 +368,8 @@ class Smoke:
             where += f"; {other} other request(s) seen on the server during the smoke"
         if est.drafts == 0:
             return Stage("acceptance", Status.failed, f"no drafts at all over {used} requests ({where})", details)
-        loop = self._looks_like_loop(est)
+        loop = self._looks_like_loop(est) or decision is acceptance.Decision.above
+        details["token_loop"] = loop
         if decision is acceptance.Decision.inside and not loop:
             return Stage("acceptance", Status.passed, f"mean acceptance length {interval} inside {where}", details)
         if decision is acceptance.Decision.below:
@@ -396,10 +397,8 @@ class Smoke:
     # ------------------------------------------------------------------ f. throughput
 
     def throughput(self) -> Stage:
-        prompt = self.spec.prompts.free_form[0]
-        result = self.client.stream_chat(
-            prompt, max_tokens=self.spec.max_tokens, template_kwargs=self.spec.chat_template_kwargs
-        )
+        prompt = self.spec.prompts.acceptance[0]
+        result = self.client.stream_completion(prompt, max_tokens=self.spec.acceptance_max_tokens)
         details = asdict(result)
         rate = result.decode_tokens_per_s
         summary = f"TTFT {result.ttft_s * 1000:.0f} ms, decode {rate:.1f} tok/s over {result.tokens} tokens"
@@ -445,14 +444,35 @@ def diagnose(smoke: Smoke) -> list[str]:
             "rebuild or pull the pinned image (specdeploy image check) before trusting any other result"
         )
     est = smoke.acceptance_estimate
-    if acc and acc.status is not Status.passed and acc.status is not Status.skipped and est is not None:
+    incoherent = coh is not None and coh.status is Status.failed
+    measured = acc is not None and acc.status not in (Status.passed, Status.skipped) and est is not None
+    loop = bool(acc and acc.details.get("token_loop"))
+    if loop:
+        out.append(
+            "token loop: every draft position accepted ~100% while the text repeats — the target is "
+            "degenerate (engine version, kernels or weights), not the drafter"
+        )
+    elif incoherent and acc is not None and acc.status is Status.passed:
+        out.append(
+            "acceptance fine but output incoherent: suspect the engine version or its kernels "
+            "(known-bad versions, attention backend), not the drafter"
+        )
+    elif incoherent:
+        out.append(
+            "output incoherent: the target itself is broken (engine version, kernels, target weights or "
+            "revision); a broken target also rejects drafts, so fix this before judging acceptance"
+        )
+    if measured and est is not None and not loop:
+        decision = acc.details.get("decision")
         if est.drafts == 0:
             out.append(
                 "no drafts: speculative decoding is not enabled on this server — check the engine's "
                 f"--speculative-config (profile method {profile.engine.speculative.method!r})"
             )
-        elif acc.details.get("decision") == "below" and (
-            not est.per_position or est.per_position[0] < profile.smoke.position0_acceptance_min
+        elif (
+            decision == "below"
+            and not incoherent
+            and (not est.per_position or est.per_position[0] < profile.smoke.position0_acceptance_min)
         ):
             first = f"{est.per_position[0]:.0%}" if est.per_position else "n/a"
             out.append(
@@ -461,21 +481,8 @@ def diagnose(smoke: Smoke) -> list[str]:
                 "serving directory (mask_token_id, target_layer_ids, layer types) and check the "
                 "auxiliary-layer log line"
             )
-        elif acc.details.get("decision") == "below":
+        elif decision == "below" and not incoherent:
             out.append("acceptance low but position 0 healthy: check num_speculative_tokens and the drafter revision")
-        if "token loop" in acc.summary:
-            out.append(
-                "token loop: every draft position accepted ~100% while the text repeats — the target is "
-                "degenerate (engine version, kernels or weights), not the drafter"
-            )
-    if coh and coh.status is Status.failed and not (acc and "token loop" in acc.summary):
-        if acc and acc.status is Status.passed:
-            out.append(
-                "acceptance fine but output incoherent: suspect the engine version or its kernels "
-                "(known-bad versions, attention backend), not the drafter"
-            )
-        else:
-            out.append("output incoherent: check the engine version, kernels and the target weights' revision")
     if gold and gold.status is Status.failed:
         out.append(
             "golden drift: greedy outputs changed since the golden transcript was recorded — the served "

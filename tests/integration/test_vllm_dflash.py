@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +19,6 @@ from specdeploy import startup_log
 from specdeploy.rehearsal import fixtures, launcher, proof, variants
 
 pytestmark = pytest.mark.vllm
-
-
-@pytest.fixture(scope="session")
-def dflash_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[proof.ProofResult]:
-    """The rehearsal's DFlash proof (the README's main job), left running for the tests."""
-    result = proof.run_dflash_proof(tmp_path_factory.mktemp("dflash"), keep_running=True)
-    yield result
-    if result.engine is not None:
-        result.engine.stop()
 
 
 def test_proof_passes_every_step(dflash_run: proof.ProofResult) -> None:

@@ -176,3 +176,19 @@ def test_cli_profile_list_and_show(cli: Any) -> None:
     missing = cli("profile", "show", "nope")
     assert missing.exit_code == 2
     assert "no profile named 'nope'" in missing.stderr
+
+
+@pytest.mark.parametrize("name", ["a6000-dflash", "a6000-mtp", "cpu-rehearsal"])
+def test_no_value_was_cut_by_a_yaml_comment(name: str) -> None:
+    """An unquoted ` #` starts a YAML comment: "token loops (issue #35723)" silently became
+    "token loops (issue". Every string in a committed profile must have balanced brackets."""
+
+    def strings(node: Any) -> list[str]:
+        if isinstance(node, dict):
+            return [s for v in node.values() for s in strings(v)]
+        if isinstance(node, list):
+            return [s for v in node for s in strings(v)]
+        return [node] if isinstance(node, str) else []
+
+    cut = [s for s in strings(_raw(name)) if s.count("(") != s.count(")")]
+    assert cut == []

