@@ -21,18 +21,24 @@ def dflash_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[proof.Proof
         result.engine.stop()
 
 
+MAX_RUNNING = 3  # each vLLM-CPU server holds ~2 GB; the least recently used one is stopped
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], launcher.EngineProcess]]:
-    """Start a named rehearsal stack on first use and keep it for the rest of the run."""
+    """Start a named rehearsal stack on first use and keep it while it is among the most
+    recently used (tests are ordered so that each stack starts once per run)."""
     running: dict[str, launcher.EngineProcess] = {}
 
     def get(name: str) -> launcher.EngineProcess:
-        engine = running.get(name)
+        engine = running.pop(name, None)
         if engine is None or engine.process.poll() is not None:
+            while len(running) >= MAX_RUNNING:
+                running.pop(next(iter(running))).stop()
             workdir: Path = tmp_path_factory.mktemp(name)
             engine = stacks.start(name, workdir)
-            running[name] = engine
             engine.wait_ready(timeout=600, show_progress=False)
+        running[name] = engine  # most recently used last
         return engine
 
     yield get

@@ -166,3 +166,23 @@ def test_server_killed_mid_run(stack: Stack) -> None:
     assert report.exit_code == 2, report.to_json()
     assert _statuses(report)["server"] is Status.error
     assert "failed mid-run" in _diagnosis(report)
+
+
+def test_hybrid_gated_deltanet_target_with_mtp(stack: Stack) -> None:
+    """The production family on CPU: a tiny Qwen3-Next (Gated DeltaNet + attention, MoE)
+    drafting with its own MTP layer. Its weights are random, so the smoke must fail it on
+    coherence — but the MTP drafts are real: vLLM's spec-decode counters move."""
+    engine = stack("hybrid-mtp")
+    assert "Qwen3NextForCausalLM" in engine.log()
+    before = metrics.total(metrics.scrape(engine.url), metrics.DRAFTS)
+    response = httpx.post(
+        f"{engine.url}/v1/completions",
+        json={"model": "tiny-qwen3-next", "prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0},
+        timeout=120,
+    )
+    assert response.status_code == 200
+    assert metrics.total(metrics.scrape(engine.url), metrics.DRAFTS) > before
+    report = _smoke(engine.profile, engine)
+    assert report.exit_code == 1 and _statuses(report)["coherence"] is Status.failed
+    acc = report.stage("acceptance")
+    assert acc is not None and acc.details["drafts"] > 0

