@@ -96,3 +96,35 @@ def test_out_of_range_target_layer_ids(cli: Any, tmp_path: Path) -> None:
         assert "expects 256 concatenated aux hidden features but received 128" in engine.log()
     finally:
         engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("runner", "error"),
+    [
+        ("1", "Model Runner V2 requires Triton"),
+        ("0", "Model Runner V1 does not support: mixed sliding/full dflash drafts"),
+    ],
+    ids=["v2-runner", "v1-runner"],
+)
+def test_mixed_sliding_full_dflash_does_not_run_on_vllm_cpu(tmp_path: Path, runner: str, error: str) -> None:
+    """Why the rehearsal's DFlash drafter is all-full-attention (recorded, vllm-cpu 0.32.0):
+    the production drafter's mixed sliding/full layers need vLLM's V2 model runner, which
+    needs Triton — absent from the CPU build — and V1 refuses mixed drafters outright. Both
+    fail at start-up, in seconds. verify-config still covers mixed configs (unit tests); if a
+    later vllm-cpu runs them, this test fails and the rehearsal should switch to mixed."""
+    from specdeploy.profile import parse_profile
+
+    profile = variants.dflash(port=8107, layer_types=["sliding_attention", "full_attention"], sliding_window=64)
+    data = profile.model_dump(mode="json")
+    data["engine"]["env"]["VLLM_USE_V2_MODEL_RUNNER"] = runner
+    profile = parse_profile(data, "mixed-layer variant")
+    engine = launcher.start(
+        profile, model=fixtures.build_target(profile), drafter=fixtures.build_dflash_drafter(profile),
+        log_path=tmp_path / "vllm.log",
+    )  # fmt: skip
+    try:
+        with pytest.raises(launcher.EngineExited):
+            engine.wait_ready(timeout=300, show_progress=False)
+        assert error in engine.log()
+    finally:
+        engine.stop()
