@@ -59,7 +59,9 @@ def main() -> None:
                     "mean_acceptance_length": round(acc.details["mean_acceptance_length"], 3) if acc else None,
                 }
             )
-    table = Table("stack", "verdict", "runs", "seconds to verdict (median [min, max])", "acceptance requests")
+    table = Table(
+        "stack", "verdict", "runs", "seconds to verdict: median (min-max)", "acceptance requests", "acceptance length"
+    )
     for name in ("dflash-random", "healthy"):
         rows = [r for r in results if r["stack"] == name]
         secs = [r["seconds_total"] for r in rows]
@@ -68,8 +70,9 @@ def main() -> None:
             name,
             ",".join(sorted({r["verdict"] for r in rows})),
             str(len(rows)),
-            f"{statistics.median(secs):.2f} [{min(secs):.2f}, {max(secs):.2f}]",
+            f"{statistics.median(secs):.2f} ({min(secs):.2f}-{max(secs):.2f})",
             ",".join(map(str, reqs)),
+            ",".join(sorted({f"{r['mean_acceptance_length']:.2f}" for r in rows})),
         )
     Console().print(table)
     if args.json_path:

@@ -87,6 +87,31 @@ def test_self_drafting_untrained_target_is_a_token_loop(stack: Stack) -> None:
     assert "token loop" in _diagnosis(report)
 
 
+def test_other_traffic_is_reported(stack: Stack) -> None:
+    """Counters are server-wide: requests that are not the smoke's are counted and reported."""
+    engine = stack("healthy")
+    done = threading.Event()
+
+    def background() -> None:
+        while not done.is_set():
+            httpx.post(
+                f"{engine.url}/v1/completions",
+                json={"model": "tiny-qwen3", "prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0},
+                timeout=60,
+            )
+
+    worker = threading.Thread(target=background)
+    worker.start()
+    try:
+        report = _smoke(load_profile("cpu-rehearsal"), engine)
+    finally:
+        done.set()
+        worker.join()
+    acc = report.stage("acceptance")
+    assert acc is not None and acc.details["other_traffic_requests"] > 0
+    assert "other request(s) seen on the server" in acc.summary
+
+
 def test_version_mismatch_names_both_versions(stack: Stack) -> None:
     profile = variants.engine_version(load_profile("cpu-rehearsal"), "0.31.0")
     report = _smoke(profile, stack("healthy"))

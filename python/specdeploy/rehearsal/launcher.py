@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,18 @@ import httpx
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from specdeploy import engine_args
+from specdeploy.errors import SpecdeployError
 from specdeploy.profile import Profile
+
+
+class PortInUse(SpecdeployError):
+    """Something already listens where the engine should: its /health would fool the wait."""
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((host, port)) == 0
 
 
 class EngineExited(RuntimeError):
@@ -95,7 +107,17 @@ def start(
     python: str | None = None,
     speculative: bool = True,
 ) -> EngineProcess:
-    """Start the engine in its own process group (so stop() also ends its workers)."""
+    """Start the engine in its own process group (so stop() also ends its workers).
+
+    Refuses when the port is taken: a readiness wait would otherwise succeed against
+    whatever already answers there.
+    """
+    serve = profile.engine.serve
+    if _listening(serve.host, serve.port):
+        raise PortInUse(
+            f"{serve.host}:{serve.port} is already in use; {profile.name} cannot start there",
+            hint="stop the other server (specdeploy rehearsal status / down) or pick another port",
+        )
     command = engine_args.render(
         profile,
         model=str(model),

@@ -1,4 +1,4 @@
-"""The rehearsal launcher's engine install check, against this real environment."""
+"""The rehearsal launcher: the engine install check (against this real environment) and port safety."""
 
 from __future__ import annotations
 
@@ -23,3 +23,18 @@ def test_container_profiles_are_not_installed_into_a_venv() -> None:
 def test_conflicting_vision_packages_are_absent() -> None:
     """setup.sh removes them: PyPI's torchvision breaks transformers' Qwen3 beside CPU torch."""
     assert [p for p in ("torchvision", "torchaudio", "torchcodec") if install.installed_version(p)] == []
+
+
+def test_launcher_refuses_a_port_in_use(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A readiness wait against a port someone else serves would pass for the wrong server."""
+    import socket
+
+    from specdeploy.rehearsal import launcher, variants
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        profile = variants.on_port(load_profile("cpu-rehearsal"), "cpu-rehearsal-busy", port)
+        with pytest.raises(launcher.PortInUse, match=f"127.0.0.1:{port} is already in use"):
+            launcher.start(profile, model=tmp_path, drafter=None, log_path=tmp_path / "log")
