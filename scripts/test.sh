@@ -10,7 +10,7 @@ export PATH="$venv/bin:$PATH"
 echo "== fixture models (built once, then reused from the cache)"
 specdeploy rehearsal fixtures
 echo "== ruff"
-ruff check python tests
-ruff format --check python tests
+ruff check python tests benchmarks
+ruff format --check python tests benchmarks
 echo "== pytest"
 exec python -m pytest tests "$@"
