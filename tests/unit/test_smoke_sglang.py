@@ -52,7 +52,11 @@ class SGLangStub:
     completion_tokens: int = 128
     spec_verify_ct: int = 41
     stream_tokens_per_s: float = 500.0
+    # per wave of 4 /generate calls, cycle through these spec_verify_ct values (overrides the above)
+    verify_by_wave: tuple[int, ...] = ()
     requests: list[str] = field(default_factory=list)
+    _generated: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def server_info(self) -> dict[str, Any]:
         info = json.loads((RECORDED / "get_server_info.json").read_text())
@@ -61,7 +65,12 @@ class SGLangStub:
 
     def generate(self) -> dict[str, Any]:
         body = copy.deepcopy(json.loads((RECORDED / "generate.json").read_text()))
-        body["meta_info"].update(completion_tokens=self.completion_tokens, spec_verify_ct=self.spec_verify_ct)
+        verify = self.spec_verify_ct
+        with self._lock:  # the server answers each wave's 4 requests on 4 threads
+            if self.verify_by_wave:
+                verify = self.verify_by_wave[(self._generated // 4) % len(self.verify_by_wave)]
+            self._generated += 1
+        body["meta_info"].update(completion_tokens=self.completion_tokens, spec_verify_ct=verify)
         return body
 
 
@@ -200,3 +209,13 @@ def test_vllm_profile_against_sglang_server_is_an_identity_failure(serve: Any) -
     report = run(profile, serve(SGLangStub()), QUIET)
     identity = report.stage("identity")
     assert identity is not None and identity.status is Status.failed and "not vllm" in identity.summary
+
+
+def test_straddling_the_band_after_the_budget_is_inconclusive(serve: Any) -> None:
+    """Waves alternate between acceptance 2.29 and 2.98 around the 2.6 floor: the interval
+    never clears it, the budget (64 requests) runs out, and the verdict is 3, not a guess."""
+    report = run(load_profile("a6000-mtp"), serve(SGLangStub(verify_by_wave=(56, 43))), QUIET)
+    acc = report.stage("acceptance")
+    assert acc is not None and acc.status is Status.inconclusive
+    assert acc.details["requests"] == 64 and acc.details["interval_95"][0] < 2.6 < acc.details["interval_95"][1]
+    assert report.exit_code == 3
