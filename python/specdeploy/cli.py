@@ -191,6 +191,78 @@ def write_config(
         out.print("recorded the canonical sha256 in the lock (first verified write)")
 
 
+# --------------------------------------------------------------------------- images
+
+image_app = typer.Typer(no_args_is_help=True, help="Build and check engine images from the profile's pins.")
+app.add_typer(image_app, name="image")
+
+
+@image_app.command("build")
+def image_build(
+    profile: ProfileOpt,
+    context: Annotated[Path, typer.Option(help="build context: the specdeploy checkout")] = Path("."),
+    lock: LockOpt = None,
+    podman: Annotated[str, typer.Option(help="podman executable")] = "podman",
+    driver: Annotated[
+        str | None, typer.Option(help="host NVIDIA driver version, to refuse a CUDA it cannot run")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the podman command, build nothing")] = False,
+) -> None:
+    """Build the profile's image with every build arg taken from the profile.
+
+    Refuses a known-bad version or commit with the reason; resolves the base image digest
+    and the PR merge-base on first use and records them in the lock.
+    """
+    import shlex
+
+    from specdeploy import images
+
+    try:
+        p = profile_mod.load_profile(profile)
+        result = images.build(
+            p,
+            lock=Lock(lock or default_lock_path()),
+            context=context,
+            podman=podman,
+            dry_run=dry_run,
+            driver_version=driver,
+        )
+    except SpecdeployError as exc:
+        raise _fail(exc) from None
+    if dry_run:
+        out.print(shlex.join(result.argv), highlight=False)
+        return
+    out.print(f"[green]built {result.tag}[/] (id {result.image_id})")
+
+
+@image_app.command("check")
+def image_check(
+    image: Annotated[str, typer.Argument(help="image reference or ID")],
+    profile: ProfileOpt,
+    lock: LockOpt = None,
+    podman: Annotated[str, typer.Option(help="podman executable")] = "podman",
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare a built image's OCI labels with the profile. Exit 0 when all match, 1 otherwise."""
+    from specdeploy import images
+
+    try:
+        rows = images.check(
+            image, profile_mod.load_profile(profile), lock=Lock(lock or default_lock_path()), podman=podman
+        )
+    except SpecdeployError as exc:
+        raise _fail(exc) from None
+    ok = all(r.ok for r in rows)
+    if as_json:
+        out.print_json(data={"image": image, "ok": ok, "labels": [r.__dict__ for r in rows]})
+    else:
+        table = Table("", "label", "expected", "found", title=f"image check {image}")
+        for r in rows:
+            table.add_row("[green]ok[/]" if r.ok else "[bold red]FAIL[/]", r.label, r.expected, str(r.found))
+        out.print(table)
+    raise typer.Exit(0 if ok else 1)
+
+
 # --------------------------------------------------------------------------- smoke
 
 

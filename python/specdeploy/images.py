@@ -1,0 +1,294 @@
+"""Build and check engine images from the profile's pins — never from values of their own.
+
+`build_args` turns the profile (plus the lock, for values first resolved at build time) into
+every `--build-arg` the Containerfiles declare; the Containerfiles carry no defaults, so a
+value can only come from here. `build` refuses a known-bad version or commit before
+running podman, resolves the base image's digest and the PR's merge-base the first time
+and records them in the lock. `check` compares a built image's OCI labels with the profile.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from specdeploy.errors import SpecdeployError
+from specdeploy.lock import Lock, require
+from specdeploy.profile import Profile
+
+LABEL_PREFIX = "org.opencontainers.image."
+# label -> build arg that sets it (the Containerfiles map each ARG onto its LABEL)
+LABEL_ARGS = {
+    f"{LABEL_PREFIX}source": "IMAGE_SOURCE",
+    f"{LABEL_PREFIX}revision": "IMAGE_REVISION",
+    f"{LABEL_PREFIX}version": "IMAGE_VERSION",
+    f"{LABEL_PREFIX}created": "IMAGE_CREATED",
+    f"{LABEL_PREFIX}base.name": "BASE_NAME",
+    f"{LABEL_PREFIX}base.digest": "BASE_DIGEST",
+    "io.specdeploy.profile": "SPECDEPLOY_PROFILE",
+}
+# CUDA major version -> the oldest driver branch that runs it (FACTS sections 2 and 3)
+MIN_DRIVER_FOR_CUDA = {12: 535, 13: 580}
+
+
+class ImageError(SpecdeployError):
+    """A build or check the profile forbids, or podman failing."""
+
+
+def known_bad_reason(profile: Profile) -> str | None:
+    """Why the profile's own engine version or commit must not be built, if it must not."""
+    source = profile.engine.source
+    version = str(source.version.value) if source.version.resolved else None
+    commit = source.commit.value if source.commit and source.commit.resolved else None
+    for bad in profile.engine.known_bad:
+        if bad.version_spec and version:
+            try:
+                if Version(version) in SpecifierSet(bad.version_spec, prereleases=True):
+                    return f"version {version} matches known-bad {bad.version_spec}: {bad.reason} [{bad.source}]"
+            except InvalidVersion:
+                pass
+        if bad.commit_prefix and commit and commit.startswith(bad.commit_prefix):
+            return f"commit {commit} is known bad ({bad.commit_prefix}): {bad.reason} [{bad.source}]"
+    return None
+
+
+def cuda_major(base_name: str) -> int | None:
+    match = re.search(r"cuda:(\d+)\.|-cu(\d{2})\d", base_name)
+    if not match:
+        return None
+    return int(match.group(1) or match.group(2))
+
+
+def check_driver(profile: Profile, driver_version: str) -> None:
+    """Refuse an image whose CUDA needs a newer driver than the host has."""
+    assert profile.engine.image is not None
+    major = cuda_major(profile.engine.image.base.name)
+    branch = int(driver_version.split(".")[0])
+    needed = MIN_DRIVER_FOR_CUDA.get(major or 0)
+    if needed and branch < needed:
+        raise ImageError(
+            f"base image {profile.engine.image.base.name} is CUDA {major}, which needs driver R{needed}+; "
+            f"this host runs {driver_version}",
+            hint="use the CUDA 12.9 base (cu129) on R535-R570 drivers, or upgrade the driver",
+        )
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def _podman(podman: str, *args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([podman, *args], capture_output=capture, text=True)
+
+
+def resolve_base_digest(profile: Profile, lock: Lock, podman: str) -> str:
+    """The base image's digest: from the profile, else the lock, else pulled and recorded."""
+    assert profile.engine.image is not None
+    base = profile.engine.image.base
+    if base.digest.resolved:
+        return str(base.digest.value)
+    recorded = lock.value(profile.name, "engine.image.base.digest")
+    if recorded:
+        return str(recorded)
+    inspect = _podman(podman, "image", "inspect", "--format", "{{.Digest}}", base.name)
+    if inspect.returncode != 0:
+        pulled = _podman(podman, "pull", base.name)
+        if pulled.returncode != 0:
+            raise ImageError(f"cannot pull base image {base.name}: {pulled.stderr.strip()[-300:]}")
+        inspect = _podman(podman, "image", "inspect", "--format", "{{.Digest}}", base.name)
+    digest = inspect.stdout.strip()
+    if not digest.startswith("sha256:"):
+        raise ImageError(f"podman reported no digest for {base.name}: {inspect.stdout!r} {inspect.stderr!r}")
+    lock.record(profile.name, "engine.image.base.digest", digest, by="image build", detail={"name": base.name})
+    return digest
+
+
+def resolve_merge_base(profile: Profile, lock: Lock) -> str:
+    """The PR's merge-base with main: from the profile, else the lock, else computed with git
+    (fetching the PR ref and main) and recorded."""
+    source = profile.engine.source
+    if source.merge_base is None:
+        raise ImageError(f"profile {profile.name} has no engine.source.merge_base pin")
+    if source.merge_base.resolved:
+        return str(source.merge_base.value)
+    recorded = lock.value(profile.name, "engine.source.merge_base")
+    if recorded:
+        return str(recorded)
+    assert source.git_repo and source.git_ref and source.commit and source.commit.resolved
+    with tempfile.TemporaryDirectory(prefix="specdeploy-mb-") as tmp:
+
+        def git(*args: str) -> str:
+            done = subprocess.run(["git", "-C", tmp, *args], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise ImageError(f"git {' '.join(args[:2])} failed: {done.stderr.strip()[-300:]}")
+            return done.stdout.strip()
+
+        git("init", "-q")
+        git("fetch", "-q", "--filter=blob:none", source.git_repo, f"{source.git_ref}:refs/specdeploy/pr")
+        git("fetch", "-q", "--filter=blob:none", source.git_repo, "main:refs/specdeploy/main")
+        pr_head = git("rev-parse", "refs/specdeploy/pr")
+        if pr_head != source.commit.value:
+            raise ImageError(
+                f"{source.git_ref} now points at {pr_head}, the profile pins {source.commit.value}",
+                hint="the PR moved: review the new head before re-pinning; the build uses the pinned commit only",
+            )
+        merge_base = git("merge-base", "refs/specdeploy/pr", "refs/specdeploy/main")
+    lock.record(profile.name, "engine.source.merge_base", merge_base, by="image build")
+    return merge_base
+
+
+# --------------------------------------------------------------------------- build args
+
+
+def _label_args(profile: Profile, base_digest: str) -> dict[str, str]:
+    assert profile.engine.image is not None
+    source = profile.engine.source
+    revision = source.commit.value if source.commit and source.commit.resolved else f"v{source.version.value}"
+    return {
+        "IMAGE_SOURCE": source.git_repo or f"pypi:{source.package}",
+        "IMAGE_REVISION": str(revision),
+        "IMAGE_VERSION": str(source.version.value),
+        "IMAGE_CREATED": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "BASE_NAME": profile.engine.image.base.name,
+        "BASE_DIGEST": base_digest,
+        "SPECDEPLOY_PROFILE": profile.name,
+    }
+
+
+def build_args(profile: Profile, *, base_digest: str, merge_base: str | None) -> dict[str, str]:
+    """Every build arg for the profile's Containerfile, all from the profile (and lock)."""
+    image = profile.engine.image
+    if image is None:
+        raise ImageError(f"profile {profile.name} runs no container image (runtime {profile.engine.runtime})")
+    source = profile.engine.source
+    args = {"BASE_IMAGE": f"{image.base.name}@{base_digest}", **_label_args(profile, base_digest)}
+    if profile.engine.kind == "vllm" and source.git_repo:
+        assert source.commit is not None and source.git_ref is not None
+        args |= {
+            "VLLM_REPO": source.git_repo,
+            "VLLM_REF": source.git_ref,
+            "VLLM_COMMIT": str(source.commit.value),
+            "VLLM_MERGE_BASE_COMMIT": merge_base or "",
+        }
+    elif profile.engine.kind == "sglang":
+        specs = [b.version_spec for b in profile.engine.known_bad if b.version_spec]
+        args |= {"SGLANG_VERSION": str(source.version.value), "SGLANG_KNOWN_BAD": " ".join(specs)}
+    return args | dict(image.build_args)
+
+
+def image_tag(profile: Profile) -> str:
+    assert profile.engine.image is not None
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "-", str(profile.engine.source.version.value))
+    return f"{profile.engine.image.name}:{tag}"
+
+
+def build_argv(profile: Profile, args: dict[str, str], *, context: Path, podman: str) -> list[str]:
+    assert profile.engine.image is not None
+    argv = [podman, "build", "--file", str(context / profile.engine.image.containerfile), "--tag", image_tag(profile)]
+    for key, value in sorted(args.items()):
+        argv += ["--build-arg", f"{key}={value}"]
+    return argv + [str(context)]
+
+
+@dataclass
+class BuildResult:
+    tag: str
+    image_id: str | None
+    argv: list[str]
+    dry_run: bool
+
+
+def build(
+    profile: Profile,
+    *,
+    lock: Lock,
+    context: Path,
+    podman: str = "podman",
+    dry_run: bool = False,
+    driver_version: str | None = None,
+) -> BuildResult:
+    """Refuse known-bad pins, resolve what the lock lacks, then run podman build."""
+    if reason := known_bad_reason(profile):
+        raise ImageError(f"profile {profile.name}: refusing to build: {reason}")
+    if profile.engine.image is None:
+        raise ImageError(f"profile {profile.name} runs no container image")
+    if driver_version:
+        check_driver(profile, driver_version)
+    if shutil.which(podman) is None and not dry_run:
+        raise ImageError(f"{podman} not found", hint="install podman >= 4.5 (the gpu_runtime role does)")
+    if dry_run:
+        base_digest = require(profile, "engine.image.base.digest", lock) if _resolved(profile, lock) else "<unresolved>"
+        merge_base = _merge_base_if_any(profile, lock, resolve=False)
+    else:
+        base_digest = resolve_base_digest(profile, lock, podman)
+        merge_base = _merge_base_if_any(profile, lock, resolve=True)
+    argv = build_argv(
+        profile, build_args(profile, base_digest=base_digest, merge_base=merge_base), context=context, podman=podman
+    )
+    if dry_run:
+        return BuildResult(image_tag(profile), None, argv, True)
+    done = subprocess.run(argv, text=True)
+    if done.returncode != 0:
+        raise ImageError(f"podman build failed (exit {done.returncode}) for {image_tag(profile)}; see the output above")
+    image_id = _podman(podman, "image", "inspect", "--format", "{{.Id}}", image_tag(profile)).stdout.strip()
+    _record_build(lock, profile, image_id)
+    return BuildResult(image_tag(profile), image_id, argv, False)
+
+
+def _resolved(profile: Profile, lock: Lock) -> bool:
+    assert profile.engine.image is not None
+    return profile.engine.image.base.digest.resolved or bool(lock.value(profile.name, "engine.image.base.digest"))
+
+
+def _merge_base_if_any(profile: Profile, lock: Lock, *, resolve: bool) -> str | None:
+    if profile.engine.source.merge_base is None:
+        return None
+    if resolve:
+        return resolve_merge_base(profile, lock)
+    pin = profile.engine.source.merge_base
+    return str(pin.value) if pin.resolved else lock.value(profile.name, "engine.source.merge_base") or "<unresolved>"
+
+
+def _record_build(lock: Lock, profile: Profile, image_id: str) -> None:
+    """Record the first built image's ID. Rebuilds differ (timestamps), so a later ID is not
+    an error: `image check` proves what the image contains through its labels."""
+    if lock.get(profile.name, "engine.image.digest") is None:
+        lock.record(profile.name, "engine.image.digest", f"sha256:{image_id}", by="image build")
+
+
+# --------------------------------------------------------------------------- check
+
+
+@dataclass
+class LabelCheck:
+    label: str
+    expected: str
+    found: str | None
+    ok: bool
+
+
+def check(image: str, profile: Profile, *, lock: Lock, podman: str = "podman") -> list[LabelCheck]:
+    """Compare a built image's labels with what the profile (and lock) say it must contain."""
+    done = _podman(podman, "image", "inspect", "--format", "{{json .Labels}}", image)
+    if done.returncode != 0:
+        raise ImageError(f"no image {image}: {done.stderr.strip()[-200:]}", hint="build it with specdeploy image build")
+    labels = json.loads(done.stdout or "{}") or {}
+    base_digest = lock.value(profile.name, "engine.image.base.digest")
+    if profile.engine.image and profile.engine.image.base.digest.resolved:
+        base_digest = profile.engine.image.base.digest.value
+    expected = _label_args(profile, str(base_digest) if base_digest else "(unresolved)")
+    rows = []
+    for label, arg in LABEL_ARGS.items():
+        if arg == "IMAGE_CREATED":
+            continue
+        found = labels.get(label)
+        rows.append(LabelCheck(label, expected[arg], found, found == expected[arg]))
+    return rows

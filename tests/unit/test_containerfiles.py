@@ -1,0 +1,110 @@
+"""Both Containerfiles, parsed with dockerfile-parse (not regexes) and linted with hadolint:
+pinned bases by digest, the commit and guards, labels, a non-root user — and no pin of
+their own that could disagree with the profile."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dockerfile_parse import DockerfileParser
+
+from specdeploy import images
+from specdeploy.profile import load_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = {"a6000-dflash": ROOT / "Containerfile.vllm-pr40898", "a6000-mtp": ROOT / "Containerfile.sglang"}
+
+
+def _parse(path: Path) -> list[dict[str, Any]]:
+    parser = DockerfileParser(fileobj=path.open("rb"))
+    return parser.structure
+
+
+def _args(structure: list[dict[str, Any]]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for ins in structure:
+        if ins["instruction"] == "ARG":
+            name, _, default = ins["value"].partition("=")
+            out[name.strip()] = default if "=" in ins["value"] else None
+    return out
+
+
+def _build_args(profile_name: str) -> dict[str, str]:
+    profile = load_profile(profile_name)
+    return images.build_args(profile, base_digest="sha256:" + "0" * 64, merge_base="1" * 40)
+
+
+def test_hadolint_clean() -> None:
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    done = subprocess.run([hadolint, *map(str, FILES.values())], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("profile_name", FILES)
+def test_no_pin_of_its_own(profile_name: str) -> None:
+    """Every ARG is declared without a default and is exactly a build arg the profile
+    provides; no commit SHA, digest or version number is written in the file."""
+    path = FILES[profile_name]
+    structure = _parse(path)
+    declared = _args(structure)
+    assert {k: v for k, v in declared.items() if v is not None} == {}, "ARG defaults would be a second pin"
+    assert set(declared) == set(_build_args(profile_name)), "Containerfile ARGs and profile build args differ"
+    code = "\n".join(ins["content"] for ins in structure if ins["instruction"] != "COMMENT")
+    assert not re.search(r"\b[0-9a-f]{40}\b|sha256:[0-9a-f]{6,}|\b\d+\.\d+\.\d+\b", code), "a literal pin"
+
+
+@pytest.mark.parametrize("profile_name", FILES)
+def test_bases_come_pinned_by_digest(profile_name: str) -> None:
+    structure = _parse(FILES[profile_name])
+    froms = [ins["value"].split()[0] for ins in structure if ins["instruction"] == "FROM"]
+    assert froms and all(f in ("${BASE_IMAGE}", "source") for f in froms)
+    assert re.fullmatch(r".+@sha256:[0-9a-f]{64}", _build_args(profile_name)["BASE_IMAGE"])
+
+
+@pytest.mark.parametrize("profile_name", FILES)
+def test_labels_user_volumes_and_no_secrets(profile_name: str) -> None:
+    structure = _parse(FILES[profile_name])
+    parser = DockerfileParser(fileobj=FILES[profile_name].open("rb"), env_replace=False)
+    labels = parser.labels  # of the final stage
+    for label, arg in images.LABEL_ARGS.items():
+        assert labels.get(label) == f"${{{arg}}}", label
+    users = [ins["value"].strip() for ins in structure if ins["instruction"] == "USER"]
+    assert users[-1] == "10001"  # the runtime stage runs unprivileged
+    assert any(
+        "/models" in ins["value"] and "/cache" in ins["value"] for ins in structure if ins["instruction"] == "VOLUME"
+    )
+    text = FILES[profile_name].read_text()
+    assert "HF_TOKEN" not in text and "HUGGING_FACE_HUB_TOKEN" not in text
+    assert not [ins for ins in structure if ins["instruction"] == "HEALTHCHECK"]  # health lives in the quadlet
+
+
+def test_vllm_build_checks_out_the_pinned_commit_and_runs_the_guard() -> None:
+    structure = _parse(FILES["a6000-dflash"])
+    runs = [ins["value"] for ins in structure if ins["instruction"] == "RUN"]
+    assert any('git checkout -q --detach "${VLLM_COMMIT}"' in r for r in runs)
+    guard = next(r for r in runs if "build_guards.py vllm" in r)
+    for flag in (
+        '--commit "${VLLM_COMMIT}"',
+        '--merge-base "${VLLM_MERGE_BASE_COMMIT}"',
+        '--build-mode "${BUILD_MODE}"',
+    ):
+        assert flag in guard
+    wheel = next(r for r in runs if "pip wheel" in r)
+    assert 'VLLM_PRECOMPILED_WHEEL_COMMIT="${VLLM_MERGE_BASE_COMMIT}"' in wheel
+    assert [ins["value"].split()[-1] for ins in structure if ins["instruction"] == "FROM"] == [
+        "source",
+        "build",
+        "runtime",
+    ]
+
+
+def test_sglang_build_runs_the_version_guard() -> None:
+    runs = [ins["value"] for ins in _parse(FILES["a6000-mtp"]) if ins["instruction"] == "RUN"]
+    guard = next(r for r in runs if "build_guards.py sglang" in r)
+    assert '--expected "${SGLANG_VERSION}"' in guard and '--known-bad-list "${SGLANG_KNOWN_BAD}"' in guard
