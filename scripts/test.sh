@@ -4,6 +4,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+bash scripts/system-deps.sh
 venv=$(bash scripts/setup.sh | tail -n 1)
 export PATH="$venv/bin:$PATH"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -85,8 +86,13 @@ def check_driver(profile: Profile, driver_version: str) -> None:
 # --------------------------------------------------------------------------- resolution
 
 
+def podman_cmd(podman: str) -> list[str]:
+    """`podman` may carry global flags, e.g. "podman --runtime runc --cgroup-manager=cgroupfs"."""
+    return shlex.split(podman)
+
+
 def _podman(podman: str, *args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([podman, *args], capture_output=capture, text=True)
+    return subprocess.run([*podman_cmd(podman), *args], capture_output=capture, text=True)
 
 
 def resolve_base_digest(profile: Profile, lock: Lock, podman: str) -> str:
@@ -192,7 +198,8 @@ def image_tag(profile: Profile) -> str:
 
 def build_argv(profile: Profile, args: dict[str, str], *, context: Path, podman: str) -> list[str]:
     assert profile.engine.image is not None
-    argv = [podman, "build", "--file", str(context / profile.engine.image.containerfile), "--tag", image_tag(profile)]
+    containerfile = str(context / profile.engine.image.containerfile)
+    argv = [*podman_cmd(podman), "build", "--file", containerfile, "--tag", image_tag(profile)]
     for key, value in sorted(args.items()):
         argv += ["--build-arg", f"{key}={value}"]
     return argv + [str(context)]
@@ -222,7 +229,7 @@ def build(
         raise ImageError(f"profile {profile.name} runs no container image")
     if driver_version:
         check_driver(profile, driver_version)
-    if shutil.which(podman) is None and not dry_run:
+    if shutil.which(podman_cmd(podman)[0]) is None and not dry_run:
         raise ImageError(f"{podman} not found", hint="install podman >= 4.5 (the gpu_runtime role does)")
     if dry_run:
         base_digest = require(profile, "engine.image.base.digest", lock) if _resolved(profile, lock) else "<unresolved>"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# System packages the tests need (Debian): podman + runc for image builds and disposable
+# test hosts, busybox-static and debootstrap for local base images, nix-bin to parse the
+# flake. Installs only what is missing; needs root (CI and these machines run as root).
+set -euo pipefail
+need=()
+command -v podman >/dev/null || need+=(podman)
+command -v runc >/dev/null || need+=(runc)
+[ -x /bin/busybox ] || need+=(busybox-static)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v nix-instantiate >/dev/null || need+=(nix-bin)
+command -v git >/dev/null || need+=(git)
+command -v flock >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "system-deps: installing ${need[*]}" >&2
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "system-deps: need root to install ${need[*]} (or install them yourself)" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+fi
