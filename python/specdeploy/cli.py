@@ -191,6 +191,52 @@ def write_config(
         out.print("recorded the canonical sha256 in the lock (first verified write)")
 
 
+# --------------------------------------------------------------------------- weights
+
+
+@app.command("fetch")
+def fetch_cmd(
+    dest: Annotated[Path, typer.Argument(help="download root; each repo lands in DEST/<org>/<name>")],
+    profile: ProfileOpt,
+    lock: LockOpt = None,
+    endpoint: Annotated[str | None, typer.Option(help="hub or site mirror (default: $HF_ENDPOINT or the hub)")] = None,
+    token_file: Annotated[
+        Path | None, typer.Option(help="file holding the HF token (mode 600); else $HF_TOKEN")
+    ] = None,
+    only: Annotated[str | None, typer.Option(help="fetch only 'target' or 'drafter'")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Download the target and drafter at their pinned commits and verify every file.
+
+    Every file is checked against the hub's hash for the pinned commit, recorded in the
+    lock on first fetch and required to match afterwards; corrupt files are removed.
+    """
+    import os
+
+    from specdeploy import weights
+
+    try:
+        p = profile_mod.load_profile(profile)
+        results = weights.fetch(
+            p,
+            dest,
+            lock=Lock(lock or default_lock_path()),
+            token=weights.read_token(token_file),
+            endpoint=endpoint or os.environ.get("HF_ENDPOINT"),
+            only=only,
+        )
+    except SpecdeployError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        out.print_json(data=[r.__dict__ for r in results])
+        return
+    table = Table("repo", "revision", "files", "hashed now", "unchanged", "lock", title=f"fetch {p.name} -> {dest}")
+    for r in results:
+        lock_state = "recorded" if r.recorded_in_lock else "matches"
+        table.add_row(r.repo, r.revision[:12], str(r.files), str(r.verified), str(r.skipped_unchanged), lock_state)
+    out.print(table)
+
+
 # --------------------------------------------------------------------------- images
 
 image_app = typer.Typer(no_args_is_help=True, help="Build and check engine images from the profile's pins.")
