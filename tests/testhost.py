@@ -1,0 +1,92 @@
+"""Disposable systemd test hosts: Debian trixie debootstrapped once (cached), run by podman
+with systemd as PID 1 and sshd reachable on a loopback port (FACTS section 6). Ansible and
+the migration runbook reach them over real SSH, exactly as they would a GPU host."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.local_images import PODMAN, RUN_FLAGS
+
+from specdeploy.cache import cache_dir
+
+HOST_PACKAGES = (
+    "systemd", "systemd-sysv", "openssh-server", "python3", "python3-venv", "sudo", "podman",
+    "ca-certificates", "iproute2",
+)  # fmt: skip
+
+
+def host_image() -> str:
+    key = hashlib.sha256(" ".join(HOST_PACKAGES).encode()).hexdigest()[:10]
+    image = f"localhost/specdeploy-test/host:{key}"
+    if subprocess.run(["podman", "image", "exists", image]).returncode == 0:
+        return image
+    archive = cache_dir() / "images" / f"host-trixie-{key}.tar"
+    if not archive.exists():
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=archive.parent) as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            subprocess.run(
+                ["debootstrap", "--variant=minbase", f"--include={','.join(HOST_PACKAGES)}", "trixie", str(rootfs),
+                 "http://deb.debian.org/debian"],
+                check=True, capture_output=True,
+            )  # fmt: skip
+            partial = archive.with_suffix(".partial")
+            subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True)
+            partial.rename(archive)
+    subprocess.run(["podman", "import", str(archive), image], check=True, capture_output=True)
+    return image
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    ssh_port: int
+    key: Path
+
+    def ssh(self, command: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["ssh", "-i", str(self.key), "-p", str(self.ssh_port), "-o", "StrictHostKeyChecking=no",
+             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "root@127.0.0.1", command],
+            capture_output=True, text=True, check=check,
+        )  # fmt: skip
+
+    def inventory_line(self) -> str:
+        return (
+            f"{self.name} ansible_host=127.0.0.1 ansible_port={self.ssh_port} ansible_user=root "
+            f"ansible_ssh_private_key_file={self.key} "
+            "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null'"
+        )
+
+
+@contextmanager
+def boot_host(name: str, ssh_port: int, workdir: Path, ports: tuple[int, ...] = ()) -> Iterator[Host]:
+    key = workdir / f"{name}_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    publish = ["-p", f"127.0.0.1:{ssh_port}:22"] + [a for p in ports for a in ("-p", f"127.0.0.1:{p}:{p}")]
+    subprocess.run([*PODMAN.split(), "rm", "-f", name], capture_output=True)
+    subprocess.run(
+        [*PODMAN.split(), "run", "-d", "--name", name, "--hostname", name, "--systemd=always", *RUN_FLAGS, *publish,
+         host_image(), "/sbin/init"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        subprocess.run(["podman", "exec", name, "mkdir", "-p", "-m", "700", "/root/.ssh"], check=True)
+        subprocess.run(["podman", "cp", f"{key}.pub", f"{name}:/root/.ssh/authorized_keys"], check=True)
+        subprocess.run(["podman", "exec", name, "chown", "root:root", "/root/.ssh/authorized_keys"], check=True)
+        host = Host(name, ssh_port, key)
+        deadline = time.monotonic() + 90
+        while host.ssh("systemctl is-system-running --wait", check=False).returncode not in (0, 1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name}: no SSH on 127.0.0.1:{ssh_port} after 90s")
+            time.sleep(1)
+        yield host
+    finally:
+        subprocess.run([*PODMAN.split(), "rm", "-f", name], capture_output=True)
