@@ -237,6 +237,56 @@ def fetch_cmd(
     out.print(table)
 
 
+# --------------------------------------------------------------------------- units
+
+unit_app = typer.Typer(no_args_is_help=True, help="Render and install the engine's systemd unit from the profile.")
+app.add_typer(unit_app, name="unit")
+ImageOpt = Annotated[str | None, typer.Option(help="image reference, by digest (container profiles)")]
+ModelsOpt = Annotated[str | None, typer.Option(help="models directory on the host (default: the profile's)")]
+ServingOpt = Annotated[str | None, typer.Option(help="serving directory on the host (default: the profile's)")]
+
+
+def _render_unit(profile: str, image: str | None, models_dir: str | None, serving_dir: str | None) -> Any:
+    from specdeploy import units
+
+    p = profile_mod.load_profile(profile)
+    try:
+        return units.render(p, image=image, models_dir=models_dir, serving_dir=serving_dir)
+    except ValueError as exc:
+        raise SpecdeployError(str(exc), hint="pass --image REF@sha256:DIGEST") from None
+
+
+@unit_app.command("render")
+def unit_render(
+    profile: ProfileOpt, image: ImageOpt = None, models_dir: ModelsOpt = None, serving_dir: ServingOpt = None
+) -> None:
+    """Print the unit: a quadlet .container (GPU profiles) or a venv service (rehearsal)."""
+    try:
+        unit = _render_unit(profile, image, models_dir, serving_dir)
+    except SpecdeployError as exc:
+        raise _fail(exc) from None
+    sys.stdout.write(unit.text)
+
+
+@unit_app.command("install")
+def unit_install(
+    dest: Annotated[Path, typer.Argument(help="/etc/containers/systemd or /etc/systemd/system")],
+    profile: ProfileOpt,
+    image: ImageOpt = None,
+    models_dir: ModelsOpt = None,
+    serving_dir: ServingOpt = None,
+) -> None:
+    """Write the unit atomically; prints JSON {"changed": ..., "path": ...} for Ansible."""
+    from specdeploy import units
+
+    try:
+        unit = _render_unit(profile, image, models_dir, serving_dir)
+        changed = units.install(unit, dest)
+    except SpecdeployError as exc:
+        raise _fail(exc) from None
+    out.print_json(data={"changed": changed, "path": str(dest / unit.filename)})
+
+
 # --------------------------------------------------------------------------- images
 
 image_app = typer.Typer(no_args_is_help=True, help="Build and check engine images from the profile's pins.")

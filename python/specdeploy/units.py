@@ -1,0 +1,159 @@
+"""Render the engine's systemd unit from the profile: a podman quadlet `.container` for the
+GPU profiles, a plain service running the venv engine for the rehearsal.
+
+Every flag and environment variable comes from `engine_args.render` — the same renderer the
+rehearsal launcher uses — so the unit cannot drift from what was tested. The engine serves
+offline from local paths (`HF_HUB_OFFLINE=1`, no token); the API key reaches it only as a
+podman secret or a credential file, never in the unit. `install` writes atomically and
+reports whether anything changed, so Ansible restarts the engine only when it must.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdeploy import atomic, engine_args
+from specdeploy.profile import Profile
+
+UNIT_NAME = "specdeploy-engine"
+MODELS_IN_CONTAINER = "/models"
+SERVING_IN_CONTAINER = "/serving"
+HEADER = "# Managed by specdeploy from profile {name}: do not edit; change the profile and re-run the deploy.\n"
+
+
+def systemd_quote(arg: str) -> str:
+    """Quote one argument for an Exec line (systemd.service(5) "COMMAND LINES")."""
+    if arg and all(c.isalnum() or c in "-_./:=,@+" for c in arg):
+        return arg
+    escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{escaped}"'
+
+
+def _exec_line(argv: list[str]) -> str:
+    return " ".join(systemd_quote(a) for a in argv)
+
+
+@dataclass(frozen=True)
+class RenderedUnit:
+    filename: str
+    text: str
+
+
+def _model_paths(profile: Profile, models_dir: str, serving_dir: str) -> tuple[str, str | None]:
+    model = f"{models_dir}/{profile.target.repo}"
+    drafter = f"{serving_dir}/drafter" if profile.drafter is not None else None
+    return model, drafter
+
+
+def render_quadlet(profile: Profile, *, image: str, models_dir: str, serving_dir: str, cache_dir: str) -> RenderedUnit:
+    """A quadlet `.container` for a GPU profile (podman >= 4.5 for the health keys)."""
+    serve = profile.engine.serve
+    model, drafter = _model_paths(profile, MODELS_IN_CONTAINER, SERVING_IN_CONTAINER)
+    command = engine_args.render(profile, model=model, drafter=drafter, python="python3")
+    args = command.argv[3:]  # the image's ENTRYPOINT is `python3 -m <engine module>`
+    port = serve.port
+    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=5)"
+    health = f'python3 -c "{probe}"'
+    lines = [
+        HEADER.format(name=profile.name),
+        "[Unit]",
+        f"Description=specdeploy {profile.name}: {profile.engine.kind} {profile.engine.source.version.value}",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "",
+        "[Container]",
+        f"Image={image}",
+        f"ContainerName={UNIT_NAME}",
+        "AddDevice=nvidia.com/gpu=all",
+        f"Volume={models_dir}:{MODELS_IN_CONTAINER}:ro",
+        f"Volume={serving_dir}:{SERVING_IN_CONTAINER}:ro",
+        f"Volume={cache_dir}:/cache",
+        f"PublishPort={serve.host}:{port}:{port}",
+        "ShmSize=16g",
+        *(f"Environment={k}={v}" for k, v in sorted(command.env.items())),
+        *(f"Secret={secret},type=env,target={env}" for env, secret in sorted(command.secret_env.items())),
+        f"Exec={_exec_line(args)}",
+        f"HealthCmd={health}",
+        "HealthInterval=30s",
+        "HealthRetries=3",
+        "HealthStartPeriod=30m",
+        "Notify=healthy",
+        "LogDriver=journald",
+        "",
+        "[Service]",
+        "Restart=on-failure",
+        "RestartSec=30",
+        "TimeoutStartSec=2400",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
+    ]
+    return RenderedUnit(f"{UNIT_NAME}.container", "\n".join(lines))
+
+
+def render_service(profile: Profile, *, python: str, models_dir: str, serving_dir: str, user: str) -> RenderedUnit:
+    """A plain systemd service running the engine from a venv (the CPU rehearsal)."""
+    model, drafter = _model_paths(profile, models_dir, serving_dir)
+    command = engine_args.render(profile, model=model, drafter=drafter, python=python)
+    lines = [
+        HEADER.format(name=profile.name),
+        "[Unit]",
+        f"Description=specdeploy {profile.name}: {profile.engine.kind} {profile.engine.source.version.value}",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "",
+        "[Service]",
+        "Type=exec",
+        f"User={user}",
+        *(f"Environment={systemd_quote(f'{k}={v}')}" for k, v in sorted(command.env.items())),
+        *(f"LoadCredential={secret}" for secret in sorted(command.secret_env.values())),
+        f"ExecStart={_exec_line(command.argv)}",
+        "Restart=on-failure",
+        "RestartSec=10",
+        "TimeoutStartSec=900",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
+    ]
+    return RenderedUnit(f"{UNIT_NAME}.service", "\n".join(lines))
+
+
+def render(
+    profile: Profile,
+    *,
+    models_dir: str | None = None,
+    serving_dir: str | None = None,
+    image: str | None = None,
+    python: str = "/opt/specdeploy/venv/bin/python",
+    user: str = "specdeploy",
+) -> RenderedUnit:
+    models = models_dir or profile.paths.models_dir
+    serving = serving_dir or profile.paths.serving_dir
+    if profile.engine.runtime == "container":
+        if image is None:
+            raise ValueError(f"profile {profile.name} runs in a container: pass the image reference (by digest)")
+        cache = str(Path(profile.paths.state_dir).parent / "cache")
+        return render_quadlet(profile, image=image, models_dir=models, serving_dir=serving, cache_dir=cache)
+    return render_service(profile, python=python, models_dir=models, serving_dir=serving, user=user)
+
+
+def install(unit: RenderedUnit, directory: Path) -> bool:
+    """Write the unit atomically; True when its content changed (the engine must restart)."""
+    path = Path(directory) / unit.filename
+    if path.is_file() and path.read_text() == unit.text:
+        return False
+    atomic.ensure_dir(path.parent)
+    atomic.write_bytes(path, unit.text.encode())
+    return True
+
+
+def exec_argv(unit_text: str) -> list[str]:
+    """The argv of a rendered unit's Exec/ExecStart line, unquoted (for tests and audits)."""
+    for line in unit_text.splitlines():
+        if line.startswith(("ExecStart=", "Exec=")):
+            return shlex.split(line.split("=", 1)[1].replace("$$", "$").replace("%%", "%"))
+    raise ValueError("no Exec line")

@@ -1,0 +1,100 @@
+"""Engine units rendered from the profiles, checked by the real tools on a real systemd
+test host: systemd reads the rehearsal service's ExecStart back as exactly the argv the
+rehearsal launcher runs, and podman's quadlet generator (dry run) turns each GPU profile's
+`.container` into the `podman run` it would start — GPU device, health check, secret and
+every engine flag intact."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.testhost import Host, boot_host
+
+from specdeploy import engine_args, units
+from specdeploy.profile import load_profile
+
+pytestmark = pytest.mark.testhost
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    with boot_host("specdeploy-th-units", 2302, tmp_path_factory.mktemp("units")) as h:
+        yield h
+
+
+def _put(host: Host, text: str, path: str) -> None:
+    subprocess.run(
+        ["podman", "exec", "-i", host.name, "sh", "-c", f"mkdir -p $(dirname {path}) && cat > {path}"],
+        input=text,
+        text=True,
+        check=True,
+    )
+
+
+def test_rehearsal_service_execstart_is_the_launchers_argv(host: Host) -> None:
+    profile = load_profile("cpu-rehearsal")
+    unit = units.render(profile, models_dir="/var/lib/specdeploy/models", serving_dir="/var/lib/specdeploy/serving")
+    _put(host, unit.text, f"/etc/systemd/system/{unit.filename}")
+    host.ssh("systemctl daemon-reload")
+    shown = host.ssh(f"systemctl show {units.UNIT_NAME} -p ExecStart --value").stdout
+    argv_text = shown.split("argv[]=", 1)[1].split(" ;", 1)[0]
+    expected = engine_args.render(
+        profile,
+        model=f"/var/lib/specdeploy/models/{profile.target.repo}",
+        drafter="/var/lib/specdeploy/serving/drafter",
+        python="/opt/specdeploy/venv/bin/python",
+    )
+    assert argv_text == " ".join(expected.argv)
+    env = host.ssh(f"systemctl show {units.UNIT_NAME} -p Environment --value").stdout.split()
+    assert sorted(env) == sorted(f"{k}={v}" for k, v in profile.engine.env.items())
+
+
+@pytest.mark.parametrize("name", ["a6000-dflash", "a6000-mtp"])
+def test_quadlet_dry_run_renders_the_gpu_profiles(host: Host, name: str) -> None:
+    profile = load_profile(name)
+    image = f"{profile.engine.image.name}@sha256:{'0' * 64}"  # an image is pulled by digest on real hosts
+    unit = units.render(profile, image=image)
+    _put(host, unit.text, f"/etc/containers/systemd/{unit.filename}")
+    done = host.ssh("/usr/libexec/podman/quadlet -dryrun", check=False)
+    assert done.returncode == 0, done.stderr
+    generated = done.stdout
+    exec_start = next(line for line in generated.splitlines() if line.startswith("ExecStart="))
+    for expected in (
+        "--device nvidia.com/gpu=all",
+        f"--publish {profile.engine.serve.host}:{profile.engine.serve.port}:{profile.engine.serve.port}",
+        "-v /var/lib/specdeploy/models:/models:ro",
+        "--sdnotify=healthy",
+        "--health-cmd",
+        "--secret specdeploy_api_key,type=env,target=",
+        image,
+    ):
+        assert expected in exec_start, expected
+    assert "Restart=on-failure" in generated
+    command = engine_args.render(
+        profile, model=f"/models/{profile.target.repo}", drafter="/serving/drafter" if profile.drafter else None
+    )
+    args = command.argv[3:]  # after `python3 -m <module>`, which is the image's entrypoint
+    plain = [a for a in args if units.systemd_quote(a) == a]
+    tail = exec_start.split(image, 1)[1]
+    assert plain and all(f" {a}" in tail for a in plain), [a for a in plain if f" {a}" not in tail]
+    if profile.engine.kind == "vllm":
+        spec = json.loads(command.argv[command.argv.index("--speculative-config") + 1])
+        assert json.dumps(spec, sort_keys=True, separators=(",", ":")) in exec_start.replace('\\"', '"')
+    host.ssh(f"rm /etc/containers/systemd/{unit.filename}")
+
+
+def test_install_reports_change_only_when_the_text_changes(tmp_path: Path) -> None:
+    profile = load_profile("cpu-rehearsal")
+    unit = units.render(profile)
+    assert units.install(unit, tmp_path) is True
+    assert units.install(unit, tmp_path) is False
+    changed = units.render(
+        profile.model_copy(
+            update={"engine": profile.engine.model_copy(update={"env": {**profile.engine.env, "X": "1"}})}
+        )
+    )
+    assert units.install(changed, tmp_path) is True

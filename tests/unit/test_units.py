@@ -1,0 +1,34 @@
+"""`specdeploy unit`: rendering needs what the profile cannot know (the image digest) and
+installing reports a change only when the unit text changes. The units themselves are
+checked by systemd and quadlet on a real host in tests/integration/test_units_on_host.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from specdeploy import engine_args, units
+from specdeploy.profile import load_profile
+
+
+def test_unit_cli_renders_and_installs(cli: Any, tmp_path: Path) -> None:
+    """`specdeploy unit`: GPU profiles need an image; install reports change for Ansible."""
+    missing = cli("unit", "render", "--profile", "a6000-dflash")
+    assert missing.exit_code == 1 and "pass the image reference" in missing.stderr
+    rendered = cli(
+        "unit", "render", "--profile", "a6000-mtp", "--image", "localhost/specdeploy/sglang@sha256:" + "1" * 64
+    )
+    assert rendered.exit_code == 0 and "AddDevice=nvidia.com/gpu=all" in rendered.stdout
+    first = json.loads(cli("unit", "install", tmp_path, "--profile", "cpu-rehearsal").stdout)
+    again = json.loads(cli("unit", "install", tmp_path, "--profile", "cpu-rehearsal").stdout)
+    assert (first["changed"], again["changed"]) == (True, False)
+    assert first["path"].endswith("specdeploy-engine.service")
+
+
+def test_exec_line_round_trips_every_argument() -> None:
+    """Quoting survives JSON with quotes, spaces, % and $ (systemd specifiers/expansion)."""
+    argv = engine_args.render(load_profile("a6000-dflash"), model="/models/x y", drafter="/serving/%d$HOME").argv
+    line = "ExecStart=" + units._exec_line(argv)
+    assert '"/models/x y"' in line and "/serving/%%d$$HOME" in line
+    assert units.exec_argv(line) == argv
