@@ -45,21 +45,21 @@ def busybox_base() -> str:
     return image
 
 
-def build_base() -> str:
-    """Debian bookworm minbase with git and Python: what the vLLM Containerfile's source
-    stage expects of its (CUDA devel) base, minus CUDA."""
-    key = hashlib.sha256(" ".join(BUILD_BASE_PACKAGES).encode()).hexdigest()[:10]
-    image = f"localhost/specdeploy-test/buildbase:{key}"
+def debootstrap_image(suite: str, packages: tuple[str, ...], name: str) -> str:
+    """A Debian `suite` minbase with `packages`, as podman image `name:<key>`: debootstrapped
+    once into a tar in the cache (keyed by suite and packages), imported when missing."""
+    key = hashlib.sha256(" ".join((suite, *packages)).encode()).hexdigest()[:10]
+    image = f"{name}:{key}"
     if _exists(image):
         return image
-    archive = cache_dir() / "images" / f"buildbase-{key}.tar"
+    archive = cache_dir() / "images" / f"{name.rsplit('/', 1)[-1]}-{suite}-{key}.tar"
     if not archive.exists():
         archive.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=archive.parent) as tmp:
             rootfs = Path(tmp) / "rootfs"
             subprocess.run(
-                ["debootstrap", "--variant=minbase", f"--include={','.join(BUILD_BASE_PACKAGES)}", "bookworm",
-                 str(rootfs), "http://deb.debian.org/debian"],
+                ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(rootfs),
+                 "http://deb.debian.org/debian"],
                 check=True, capture_output=True,
             )  # fmt: skip
             partial = archive.with_suffix(".partial")
@@ -67,3 +67,9 @@ def build_base() -> str:
             partial.rename(archive)
     subprocess.run(["podman", "import", str(archive), image], check=True, capture_output=True)
     return image
+
+
+def build_base() -> str:
+    """Debian bookworm minbase with git and Python: what the vLLM Containerfile's source
+    stage expects of its (CUDA devel) base, minus CUDA."""
+    return debootstrap_image("bookworm", BUILD_BASE_PACKAGES, "localhost/specdeploy-test/buildbase")

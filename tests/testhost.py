@@ -4,18 +4,14 @@ the migration runbook reach them over real SSH, exactly as they would a GPU host
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.local_images import PODMAN, RUN_FLAGS
-
-from specdeploy.cache import cache_dir
+from tests.local_images import PODMAN, RUN_FLAGS, debootstrap_image
 
 HOST_PACKAGES = (
     "systemd", "systemd-sysv", "openssh-server", "python3", "python3-venv", "sudo", "podman",
@@ -24,25 +20,7 @@ HOST_PACKAGES = (
 
 
 def host_image() -> str:
-    key = hashlib.sha256(" ".join(HOST_PACKAGES).encode()).hexdigest()[:10]
-    image = f"localhost/specdeploy-test/host:{key}"
-    if subprocess.run(["podman", "image", "exists", image]).returncode == 0:
-        return image
-    archive = cache_dir() / "images" / f"host-trixie-{key}.tar"
-    if not archive.exists():
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=archive.parent) as tmp:
-            rootfs = Path(tmp) / "rootfs"
-            subprocess.run(
-                ["debootstrap", "--variant=minbase", f"--include={','.join(HOST_PACKAGES)}", "trixie", str(rootfs),
-                 "http://deb.debian.org/debian"],
-                check=True, capture_output=True,
-            )  # fmt: skip
-            partial = archive.with_suffix(".partial")
-            subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True)
-            partial.rename(archive)
-    subprocess.run(["podman", "import", str(archive), image], check=True, capture_output=True)
-    return image
+    return debootstrap_image("trixie", HOST_PACKAGES, "localhost/specdeploy-test/host")
 
 
 @dataclass(frozen=True)

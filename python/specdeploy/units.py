@@ -41,6 +41,17 @@ class RenderedUnit:
     text: str
 
 
+def _unit_section(profile: Profile) -> list[str]:
+    return [
+        HEADER.format(name=profile.name),
+        "[Unit]",
+        f"Description=specdeploy {profile.name}: {profile.engine.kind} {profile.engine.source.version.value}",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "",
+    ]
+
+
 def _model_paths(profile: Profile, models_dir: str, serving_dir: str) -> tuple[str, str | None]:
     model = f"{models_dir}/{profile.target.repo}"
     drafter = f"{serving_dir}/drafter" if profile.drafter is not None else None
@@ -57,12 +68,7 @@ def render_quadlet(profile: Profile, *, image: str, models_dir: str, serving_dir
     probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=5)"
     health = f'python3 -c "{probe}"'
     lines = [
-        HEADER.format(name=profile.name),
-        "[Unit]",
-        f"Description=specdeploy {profile.name}: {profile.engine.kind} {profile.engine.source.version.value}",
-        "After=network-online.target",
-        "Wants=network-online.target",
-        "",
+        *_unit_section(profile),
         "[Container]",
         f"Image={image}",
         f"ContainerName={UNIT_NAME}",
@@ -99,12 +105,7 @@ def render_service(profile: Profile, *, python: str, models_dir: str, serving_di
     model, drafter = _model_paths(profile, models_dir, serving_dir)
     command = engine_args.render(profile, model=model, drafter=drafter, python=python)
     lines = [
-        HEADER.format(name=profile.name),
-        "[Unit]",
-        f"Description=specdeploy {profile.name}: {profile.engine.kind} {profile.engine.source.version.value}",
-        "After=network-online.target",
-        "Wants=network-online.target",
-        "",
+        *_unit_section(profile),
         "[Service]",
         "Type=exec",
         f"User={user}",
