@@ -53,6 +53,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], 
                 running.pop(next(iter(running))).stop()
             workdir: Path = tmp_path_factory.mktemp(name)
             engine = stacks.start(name, workdir)
+            running[name] = engine  # tracked before the wait, so SIGTERM stops it too
             engine.wait_ready(timeout=600, show_progress=False)
         running[name] = engine  # most recently used last
         return engine
