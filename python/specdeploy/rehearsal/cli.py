@@ -17,8 +17,14 @@ app = typer.Typer(no_args_is_help=True, help="The CPU rehearsal: real vLLM-CPU s
 
 
 @app.command("fixtures")
-def fixtures_cmd() -> None:
+def fixtures_cmd(
+    export: Annotated[
+        Path | None, typer.Option(help="also copy the cpu-rehearsal models to DIR/<org>/<name> (a weights archive)")
+    ] = None,
+) -> None:
     """Build (or reuse) every fixture model the rehearsal needs and print where they are."""
+    import shutil
+
     from specdeploy.profile import load_profile
     from specdeploy.rehearsal import fixtures, variants
 
@@ -31,6 +37,12 @@ def fixtures_cmd() -> None:
     }
     for name, path in built.items():
         out.print(f"{name:15} {path}")
+    if export is not None and base.drafter is not None:
+        ignore = shutil.ignore_patterns(".complete", "fixture.json", "training.json")
+        for repo, source in ((base.target.repo, built["target"]), (base.drafter.repo, built["draft_model"])):
+            shutil.rmtree(export / repo, ignore_errors=True)
+            shutil.copytree(source, export / repo, ignore=ignore)
+        out.print(f"exported the cpu-rehearsal models to {export}")
 
 
 @app.command("check-dflash")
