@@ -161,7 +161,6 @@ class Smoke:
         )
         self.report = SmokeReport(profile.name, endpoint)
         self.outputs: dict[str, str] = {}
-        self.incoherent: list[str] = []
         self.acceptance_estimate: acceptance.Estimate | None = None
         self.acceptance_texts: list[str] = []
 
@@ -275,9 +274,8 @@ class Smoke:
                 if findings := coherence.detect(done.text):
                     degenerate[f"free_form[{i}]"] = [f"{f.detector}: {f.detail}" for f in findings]
                 progress.advance(task)
-        self.incoherent = sorted(set(wrong) | set(degenerate))
         details = {"wrong_answers": wrong, "degenerate": degenerate, "outputs": self.outputs}
-        if not self.incoherent:
+        if not wrong and not degenerate:
             return Stage("coherence", Status.passed, f"{total} prompts: answers right, no degeneracy", details)
         first = next(iter(wrong.values()), None) or next(iter(degenerate.values()))[0]
         return Stage(

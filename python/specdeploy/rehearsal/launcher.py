@@ -61,9 +61,6 @@ class EngineProcess:
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log().splitlines()[-lines:])
 
-    def wait_exit(self, timeout: float) -> int:
-        return self.process.wait(timeout=timeout)
-
     def wait_ready(self, timeout: float = 600.0, *, show_progress: bool = True) -> None:
         """Wait for /health to answer 200; raise EngineExited if the process dies first."""
         deadline = time.monotonic() + timeout
