@@ -32,10 +32,21 @@ LockOpt = Annotated[
     Path | None,
     typer.Option("--lock", help="lock file (default: $SPECDEPLOY_LOCK or ./specdeploy.lock)"),
 ]
+RollbackDirOpt = Annotated[
+    Path | None,
+    typer.Option("--rollback-dir", help="keep what this step replaces here, for the smoke gate's rollback"),
+]
+RunIdOpt = Annotated[str, typer.Option("--run-id", help="the deploy run the kept copies belong to")]
 TargetOpt = Annotated[
     Path | None,
     typer.Option("--target", help="the target model's directory; its config.json overrides the profile's facts"),
 ]
+
+
+def _keeper(rollback_dir: Path | None, run_id: str) -> Any:
+    from specdeploy.rollback import Keeper
+
+    return Keeper(rollback_dir, run_id) if rollback_dir is not None else None
 
 
 def _fail(exc: SpecdeployError) -> typer.Exit:
@@ -150,6 +161,8 @@ def write_config(
     target: TargetOpt = None,
     lock: LockOpt = None,
     as_json: JsonOpt = False,
+    rollback_dir: RollbackDirOpt = None,
+    run_id: RunIdOpt = "",
 ) -> None:
     """Create or repair the serving directory: verified config.json plus links to the weights.
 
@@ -162,7 +175,12 @@ def write_config(
             raise SpecdeployError(f"profile {p.name} has no drafter")
         src = source or Path(p.paths.models_dir) / p.drafter.repo
         result = drafter_config.write_serving_dir(
-            serving_dir, p, source_dir=src, lock=Lock(lock or default_lock_path()), target_dir=target
+            serving_dir,
+            p,
+            source_dir=src,
+            lock=Lock(lock or default_lock_path()),
+            target_dir=target,
+            keeper=_keeper(rollback_dir, run_id),
         )
     except drafter_config.VerificationFailed as exc:
         if as_json:
@@ -246,12 +264,14 @@ ModelsOpt = Annotated[str | None, typer.Option(help="models directory on the hos
 ServingOpt = Annotated[str | None, typer.Option(help="serving directory on the host (default: the profile's)")]
 
 
-def _render_unit(profile: str, image: str | None, models_dir: str | None, serving_dir: str | None) -> Any:
+def _render_unit(
+    profile: str, image: str | None, models_dir: str | None, serving_dir: str | None, profile_file: str | None = None
+) -> Any:
     from specdeploy import units
 
     p = profile_mod.load_profile(profile)
     try:
-        return units.render(p, image=image, models_dir=models_dir, serving_dir=serving_dir)
+        return units.render(p, image=image, models_dir=models_dir, serving_dir=serving_dir, profile_file=profile_file)
     except ValueError as exc:
         raise SpecdeployError(str(exc), hint="pass --image REF@sha256:DIGEST") from None
 
@@ -275,13 +295,21 @@ def unit_install(
     image: ImageOpt = None,
     models_dir: ModelsOpt = None,
     serving_dir: ServingOpt = None,
+    state_dir: Annotated[
+        Path | None, typer.Option(help="keep a copy of the profile here and name it in the unit (for rollbacks)")
+    ] = None,
+    rollback_dir: RollbackDirOpt = None,
+    run_id: RunIdOpt = "",
 ) -> None:
     """Write the unit atomically; prints JSON {"changed": ..., "path": ...} for Ansible."""
     from specdeploy import units
 
     try:
-        unit = _render_unit(profile, image, models_dir, serving_dir)
-        changed = units.install(unit, dest)
+        copy = None
+        if state_dir is not None:
+            copy = str(units.keep_profile_copy(profile_mod.resolve_profile_path(profile), state_dir))
+        unit = _render_unit(profile, image, models_dir, serving_dir, copy)
+        changed = units.install(unit, dest, _keeper(rollback_dir, run_id))
     except SpecdeployError as exc:
         raise _fail(exc) from None
     out.print_json(data={"changed": changed, "path": str(dest / unit.filename)})
@@ -329,6 +357,51 @@ def image_build(
         out.print(shlex.join(result.argv), highlight=False)
         return
     out.print(f"[green]built {result.tag}[/] (id {result.image_id})")
+
+
+@image_app.command("ensure")
+def image_ensure(
+    profile: ProfileOpt,
+    source: Annotated[str, typer.Option(help="build (from the Containerfiles), pull (by digest) or archive")],
+    context: Annotated[Path | None, typer.Option(help="build context holding the Containerfiles")] = None,
+    archive: Annotated[Path | None, typer.Option(help="an image archive (podman save) for air-gapped hosts")] = None,
+    lock: LockOpt = None,
+    podman: Annotated[str, typer.Option(help="podman executable")] = "podman",
+    driver: Annotated[str | None, typer.Option(help="host NVIDIA driver version (build)")] = None,
+) -> None:
+    """Make the profile's image present (build, pull by digest or load an archive), check its
+    labels against the profile, and print JSON {changed, reference, ...} for Ansible.
+
+    Exit 0 when the image is present and its labels match, 1 when they do not.
+    """
+    from specdeploy import images
+
+    try:
+        p = profile_mod.load_profile(profile)
+        ensured = images.ensure(
+            p,
+            source=source,
+            lock=Lock(lock or default_lock_path()),
+            context=context,
+            archive=archive,
+            podman=podman,
+            driver_version=driver,
+        )
+    except SpecdeployError as exc:
+        raise _fail(exc) from None
+    bad = [r.__dict__ for r in ensured.labels if not r.ok]
+    out.print_json(
+        data={
+            "changed": ensured.changed,
+            "action": ensured.action,
+            "tag": ensured.tag,
+            "reference": ensured.reference,
+            "label_mismatches": bad,
+        }
+    )
+    if bad:
+        names = ", ".join(r["label"] for r in bad)
+        raise _fail(SpecdeployError(f"{ensured.tag}: labels differ from profile {p.name}: {names}"))
 
 
 @image_app.command("check")
@@ -412,6 +485,89 @@ def smoke_cmd(
     if json_path is not None:
         atomic.write_bytes(json_path, (json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n").encode())
     raise typer.Exit(report.exit_code)
+
+
+# --------------------------------------------------------------------------- preflight
+
+
+@app.command("preflight")
+def preflight_cmd(
+    profile: ProfileOpt,
+    as_json: JsonOpt = False,
+    nvidia_smi: Annotated[str, typer.Option(help="nvidia-smi executable")] = "nvidia-smi",
+    podman: Annotated[str, typer.Option(help="podman executable")] = "podman",
+    weights_source: Annotated[str, typer.Option(help="hub or archive (no token needed)")] = "hub",
+    models_dir: ModelsOpt = None,
+    token_file: Annotated[Path | None, typer.Option(help="a file holding the hub token")] = None,
+) -> None:
+    """Check the host can run the profile: GPUs, compute capability, driver, NVLink, disk,
+    podman, port, hub token. Exit 0 when nothing fails (warnings allowed), 1 otherwise."""
+    import os
+
+    from specdeploy import preflight
+
+    try:
+        p = profile_mod.load_profile(profile)
+    except SpecdeployError as exc:
+        raise _fail(exc) from None
+    token = bool(os.environ.get("HF_TOKEN")) or bool(
+        token_file and token_file.is_file() and token_file.read_text().strip()
+    )
+    options = preflight.Options(
+        nvidia_smi=nvidia_smi,
+        podman=podman,
+        weights_source=weights_source,
+        token_present=token,
+        models_dir=Path(models_dir) if models_dir else None,
+    )
+    report = preflight.run(p, options)
+    if as_json:
+        out.print_json(data=report.to_json())
+    else:
+        table = Table(title=f"preflight: {p.name}")
+        for column in ("check", "", "found", "needs", "fix"):
+            table.add_column(column)
+        colours = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
+        for c in report.checks:
+            table.add_row(c.name, f"[{colours[c.level]}]{c.level}[/]", c.found, c.expected, c.fix)
+        out.print(table)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+# --------------------------------------------------------------------------- rollback
+
+rollback_app = typer.Typer(no_args_is_help=True, help="Put back what a failed deploy replaced, and prove it serves.")
+app.add_typer(rollback_app, name="rollback")
+
+
+@rollback_app.command("restore")
+def rollback_restore(
+    state_dir: Annotated[Path, typer.Option(help="the host's state directory (rollback copies live under it)")],
+    run_id: RunIdOpt,
+    unit: Annotated[str, typer.Option(help="the engine's systemd unit")] = "specdeploy-engine",
+    json_path: Annotated[Path | None, typer.Option("--json", help="also write the outcome as JSON here")] = None,
+) -> None:
+    """Restore the unit and serving directory run RUN_ID replaced, restart the engine, and
+    run the smoke gate against it with the profile it was deployed with.
+
+    Exit 0 when the previous stack serves again (its smoke gate passes), 1 otherwise.
+    """
+    from specdeploy import atomic, rollback
+
+    try:
+        outcome = rollback.restore_and_prove(state_dir, run_id, unit=unit)
+    except SpecdeployError as exc:
+        raise _fail(exc) from None
+    data = outcome.to_json()
+    table = Table(title="rollback", show_header=False)
+    for key in ("message", "restored", "removed", "unit_action", "profile_file", "previous_stack_serves", "downtime_s"):
+        table.add_row(key, _text(data[key]))
+    out.print(table)
+    for stage in (outcome.smoke or {}).get("stages", []):
+        out.print(f"  {stage['name']}: {stage['status']} - {stage['summary']}", highlight=False)
+    if json_path is not None:
+        atomic.write_bytes(json_path, (json.dumps(data, indent=2) + "\n").encode())
+    raise typer.Exit(0 if outcome.serves else 1)
 
 
 def _register_optional() -> None:

@@ -19,6 +19,7 @@ from specdeploy import atomic, dflash_fields
 from specdeploy.errors import ConfigFileError, SpecdeployError, UnresolvedPinError, WriteError
 from specdeploy.lock import Lock
 from specdeploy.profile import Profile
+from specdeploy.rollback import Keeper
 
 CONFIG_NAME = "config.json"
 LOCK_KEY = "drafter.config.canonical_sha256"
@@ -392,6 +393,7 @@ def write_serving_dir(
     source_dir: Path,
     lock: Lock,
     target_dir: Path | None = None,
+    keeper: Keeper | None = None,
 ) -> WriteResult:
     """Create or repair the serving directory from a verified download.
 
@@ -417,6 +419,7 @@ def write_serving_dir(
     if not profile.drafter.config.canonical_sha256.resolved:
         recorded = lock.record(profile.name, LOCK_KEY, digest, by="write-config", detail={"content": config})
 
+    staged = keeper.stage(serving_dir) if keeper else None  # the running engine's copy, for a rollback
     atomic.ensure_dir(serving_dir)
     current = serving_dir / CONFIG_NAME
     changed = not (current.is_file() and not current.is_symlink() and current.read_bytes() == raw)
@@ -425,6 +428,10 @@ def write_serving_dir(
             current.unlink()
         atomic.write_bytes(current, raw)
     links_changed, links_removed = _sync_links(serving_dir, source_dir)
+    if staged and (changed or links_changed or links_removed):
+        staged.commit()
+    elif staged:
+        staged.discard()
     _read_back(serving_dir, raw)
     final = verify(current, profile, target_dir=target_dir, lock=lock)
     if not final.ok:

@@ -299,3 +299,76 @@ def check(image: str, profile: Profile, *, lock: Lock, podman: str = "podman") -
         found = labels.get(label)
         rows.append(LabelCheck(label, expected[arg], found, found == expected[arg]))
     return rows
+
+
+# --------------------------------------------------------------------------- ensure (the images role)
+
+
+@dataclass
+class Ensured:
+    tag: str
+    reference: str  # name@sha256:... — what the engine unit runs
+    action: str  # "present", "built", "pulled" or "loaded"
+    labels: list[LabelCheck]
+
+    @property
+    def changed(self) -> bool:
+        return self.action != "present"
+
+
+def _local_digest(tag: str, podman: str) -> str | None:
+    done = _podman(podman, "image", "inspect", "--format", "{{.Digest}}", tag)
+    digest = done.stdout.strip()
+    return digest if done.returncode == 0 and digest.startswith("sha256:") else None
+
+
+def ensure(
+    profile: Profile,
+    *,
+    source: str,
+    lock: Lock,
+    context: Path | None = None,
+    archive: Path | None = None,
+    podman: str = "podman",
+    driver_version: str | None = None,
+) -> Ensured:
+    """Make the profile's image present on this host — built from the Containerfile, pulled by
+    the pinned digest, or loaded from an archive (air-gapped sites) — then prove its labels
+    match the profile and return the reference by digest the engine unit must run."""
+    if profile.engine.image is None:
+        raise ImageError(f"profile {profile.name} runs no container image (runtime {profile.engine.runtime})")
+    tag = image_tag(profile)
+    action = "present"
+    if _local_digest(tag, podman) is None:
+        if source == "build":
+            if context is None:
+                raise ImageError("images source 'build' needs the build context (the Containerfiles)")
+            build(profile, lock=lock, context=context, podman=podman, driver_version=driver_version)
+            action = "built"
+        elif source == "pull":
+            digest = require(profile, "engine.image.digest", lock)
+            pulled = _podman(podman, "pull", f"{profile.engine.image.name}@{digest}")
+            if pulled.returncode != 0:
+                raise ImageError(f"cannot pull {profile.engine.image.name}@{digest}: {pulled.stderr.strip()[-300:]}")
+            _podman(podman, "tag", f"{profile.engine.image.name}@{digest}", tag)
+            action = "pulled"
+        elif source == "archive":
+            if archive is None or not Path(archive).is_file():
+                raise ImageError(
+                    f"images source 'archive': no archive at {archive}",
+                    hint="export it where the image was built: podman save -o FILE " + tag,
+                )
+            loaded = _podman(podman, "load", "--input", str(archive))
+            if loaded.returncode != 0:
+                raise ImageError(f"podman load {archive} failed: {loaded.stderr.strip()[-300:]}")
+            action = "loaded"
+        else:
+            raise ImageError(f"images source: expected build, pull or archive, found {source!r}")
+    digest = _local_digest(tag, podman)
+    if digest is None:
+        raise ImageError(
+            f"{tag} is not on this host after {action}",
+            hint="an archive must contain the image under this tag (the profile's engine version)",
+        )
+    labels = check(tag, profile, lock=lock, podman=podman)
+    return Ensured(tag, f"{profile.engine.image.name}@{digest}", action, labels)

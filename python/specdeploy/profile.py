@@ -303,6 +303,23 @@ class PathsSpec(_Strict):
     state_dir: str = "/var/lib/specdeploy/state"
 
 
+class DiskSpec(_Strict):
+    """Free space a host needs before the deploy downloads and builds anything (GiB)."""
+
+    weights_gib: float = Field(ge=0)
+    images_gib: float = Field(0, ge=0)
+    margin_gib: float = Field(ge=0)
+    source: str
+
+
+class HostSpec(_Strict):
+    """What `specdeploy preflight` requires of a host. No compute capability: a CPU profile."""
+
+    compute_capability_min: float | None = None
+    podman_min: str | None = Field(None, description="container profiles: quadlet health checks need 4.5")
+    disk: DiskSpec
+
+
 class Profile(_Strict):
     schema_version: Literal[1]
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
@@ -312,6 +329,7 @@ class Profile(_Strict):
     drafter: DrafterSpec | None = None
     smoke: SmokeSpec
     paths: PathsSpec = Field(default_factory=PathsSpec)
+    host: HostSpec | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:

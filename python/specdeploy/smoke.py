@@ -217,7 +217,8 @@ class Smoke:
                         last = str(exc)
                     else:
                         if model in served:
-                            return Stage("readiness", Status.passed, f"/health ok, /v1/models lists {model}")
+                            summary = f"/health ok, /v1/models lists {model}"
+                            return Stage("readiness", Status.passed, summary, {"ready_at": time.time()})
                         last = f"/v1/models lists {served}, not {model}"
                 time.sleep(1.0)
         return Stage("readiness", Status.error, f"not ready within {timeout:.0f}s: {last}")

@@ -10,17 +10,22 @@ reports whether anything changed, so Ansible restarts the engine only when it mu
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from specdeploy import atomic, engine_args
 from specdeploy.profile import Profile
+from specdeploy.rollback import Keeper
 
 UNIT_NAME = "specdeploy-engine"
 MODELS_IN_CONTAINER = "/models"
 SERVING_IN_CONTAINER = "/serving"
-HEADER = "# Managed by specdeploy from profile {name}: do not edit; change the profile and re-run the deploy.\n"
+HEADER = "# Managed by specdeploy from profile {name}: do not edit; change the profile and re-run the deploy."
+# Names the copy of the profile the unit was rendered from, so a rollback can prove the
+# restored stack with the thresholds it was deployed with (specdeploy.rollback).
+PROFILE_LINE = "# specdeploy-profile-file: {path}"
 
 
 def systemd_quote(arg: str) -> str:
@@ -41,9 +46,11 @@ class RenderedUnit:
     text: str
 
 
-def _unit_section(profile: Profile) -> list[str]:
+def _unit_section(profile: Profile, profile_file: str | None) -> list[str]:
     return [
         HEADER.format(name=profile.name),
+        *([PROFILE_LINE.format(path=profile_file)] if profile_file else []),
+        "",
         "[Unit]",
         f"Description=specdeploy {profile.name}: {profile.engine.kind} {profile.engine.source.version.value}",
         "After=network-online.target",
@@ -58,7 +65,9 @@ def _model_paths(profile: Profile, models_dir: str, serving_dir: str) -> tuple[s
     return model, drafter
 
 
-def render_quadlet(profile: Profile, *, image: str, models_dir: str, serving_dir: str, cache_dir: str) -> RenderedUnit:
+def render_quadlet(
+    profile: Profile, *, image: str, models_dir: str, serving_dir: str, cache_dir: str, profile_file: str | None = None
+) -> RenderedUnit:
     """A quadlet `.container` for a GPU profile (podman >= 4.5 for the health keys)."""
     serve = profile.engine.serve
     model, drafter = _model_paths(profile, MODELS_IN_CONTAINER, SERVING_IN_CONTAINER)
@@ -68,7 +77,7 @@ def render_quadlet(profile: Profile, *, image: str, models_dir: str, serving_dir
     probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=5)"
     health = f'python3 -c "{probe}"'
     lines = [
-        *_unit_section(profile),
+        *_unit_section(profile, profile_file),
         "[Container]",
         f"Image={image}",
         f"ContainerName={UNIT_NAME}",
@@ -100,12 +109,14 @@ def render_quadlet(profile: Profile, *, image: str, models_dir: str, serving_dir
     return RenderedUnit(f"{UNIT_NAME}.container", "\n".join(lines))
 
 
-def render_service(profile: Profile, *, python: str, models_dir: str, serving_dir: str, user: str) -> RenderedUnit:
+def render_service(
+    profile: Profile, *, python: str, models_dir: str, serving_dir: str, user: str, profile_file: str | None = None
+) -> RenderedUnit:
     """A plain systemd service running the engine from a venv (the CPU rehearsal)."""
     model, drafter = _model_paths(profile, models_dir, serving_dir)
     command = engine_args.render(profile, model=model, drafter=drafter, python=python)
     lines = [
-        *_unit_section(profile),
+        *_unit_section(profile, profile_file),
         "[Service]",
         "Type=exec",
         f"User={user}",
@@ -131,6 +142,7 @@ def render(
     image: str | None = None,
     python: str = "/opt/specdeploy/venv/bin/python",
     user: str = "specdeploy",
+    profile_file: str | None = None,
 ) -> RenderedUnit:
     models = models_dir or profile.paths.models_dir
     serving = serving_dir or profile.paths.serving_dir
@@ -138,18 +150,39 @@ def render(
         if image is None:
             raise ValueError(f"profile {profile.name} runs in a container: pass the image reference (by digest)")
         cache = str(Path(profile.paths.state_dir).parent / "cache")
-        return render_quadlet(profile, image=image, models_dir=models, serving_dir=serving, cache_dir=cache)
-    return render_service(profile, python=python, models_dir=models, serving_dir=serving, user=user)
+        return render_quadlet(
+            profile, image=image, models_dir=models, serving_dir=serving, cache_dir=cache, profile_file=profile_file
+        )
+    return render_service(
+        profile, python=python, models_dir=models, serving_dir=serving, user=user, profile_file=profile_file
+    )
 
 
-def install(unit: RenderedUnit, directory: Path) -> bool:
-    """Write the unit atomically; True when its content changed (the engine must restart)."""
+def install(unit: RenderedUnit, directory: Path, keeper: Keeper | None = None) -> bool:
+    """Write the unit atomically; True when its content changed (the engine must restart).
+
+    With a keeper, the unit being replaced (or its absence) is kept for a rollback first.
+    """
     path = Path(directory) / unit.filename
     if path.is_file() and path.read_text() == unit.text:
         return False
     atomic.ensure_dir(path.parent)
+    staged = keeper.stage(path) if keeper else None
     atomic.write_bytes(path, unit.text.encode())
+    if staged:
+        staged.commit()
     return True
+
+
+def keep_profile_copy(source: Path, state_dir: Path) -> Path:
+    """Store the profile file a unit is rendered from under `<state>/profiles/`, named by
+    content, so the unit can name it and a rollback can find the thresholds it ran with."""
+    data = Path(source).read_bytes()
+    path = Path(state_dir) / "profiles" / f"{Path(source).stem}-{hashlib.sha256(data).hexdigest()[:12]}.yaml"
+    if not (path.is_file() and path.read_bytes() == data):
+        atomic.ensure_dir(path.parent)
+        atomic.write_bytes(path, data)
+    return path
 
 
 def exec_argv(unit_text: str) -> list[str]:
