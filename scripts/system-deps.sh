@@ -10,6 +10,7 @@ command -v runc >/dev/null || need+=(runc)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v nix-instantiate >/dev/null || need+=(nix-bin)
 command -v git >/dev/null || need+=(git)
+command -v ssh >/dev/null || need+=(openssh-client)
 command -v flock >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
   echo "system-deps: installing ${need[*]}" >&2

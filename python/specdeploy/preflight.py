@@ -6,6 +6,7 @@ the deploy; warnings (a GPU pair without NVLink) are printed and the deploy goes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -254,9 +255,13 @@ def _owners(inodes: set[str]) -> list[tuple[int, str, str]]:
         if not proc.name.isdigit():
             continue
         try:
-            fds = {os.readlink(fd) for fd in (proc / "fd").iterdir()}
-        except OSError:
+            entries = list((proc / "fd").iterdir())
+        except OSError:  # another user's process, or gone
             continue
+        fds = set()
+        for fd in entries:
+            with contextlib.suppress(OSError):  # closed meanwhile
+                fds.add(os.readlink(fd))
         if any(f"socket:[{i}]" in fds for i in inodes):
             try:
                 cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()

@@ -82,6 +82,12 @@ class SmokeReport:
     def stage(self, name: str) -> Stage | None:
         return next((s for s in self.stages if s.name == name), None)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SmokeReport:
+        """A report written with to_json (e.g. by the gate on a host), for printing here."""
+        stages = [Stage(s["name"], Status(s["status"]), s["summary"], s.get("details") or {}) for s in data["stages"]]
+        return cls(data["profile"], data["endpoint"], stages, list(data["diagnosis"]), elapsed_s=data["elapsed_s"])
+
     def to_json(self) -> dict[str, Any]:
         return {
             "profile": self.profile,

@@ -178,7 +178,8 @@ def keep_profile_copy(source: Path, state_dir: Path) -> Path:
     """Store the profile file a unit is rendered from under `<state>/profiles/`, named by
     content, so the unit can name it and a rollback can find the thresholds it ran with."""
     data = Path(source).read_bytes()
-    path = Path(state_dir) / "profiles" / f"{Path(source).stem}-{hashlib.sha256(data).hexdigest()[:12]}.yaml"
+    # <sha>/<name>.yaml: a profile's file name must stay its name (profile.load_profile)
+    path = Path(state_dir) / "profiles" / hashlib.sha256(data).hexdigest()[:12] / Path(source).name
     if not (path.is_file() and path.read_bytes() == data):
         atomic.ensure_dir(path.parent)
         atomic.write_bytes(path, data)

@@ -76,6 +76,41 @@ def test_image_build_then_check(tmp_path: Path, cli: Any) -> None:
     assert failed == {"org.opencontainers.image.version", "org.opencontainers.image.revision"}
 
 
+def test_image_ensure_builds_loads_an_archive_and_hands_over_a_digest_reference(tmp_path: Path, cli: Any) -> None:
+    """The images role's command: build when missing, present on a re-run, and on an
+    air-gapped host load a `podman save` archive; every path ends in a label check and a
+    reference by digest for the engine unit."""
+    profile = _small_profile("0.5.16")
+    path = variants.materialize(profile, tmp_path / "p")
+    lock = tmp_path / "specdeploy.lock"
+    tag = "localhost/specdeploy-test/small:0.5.16"
+    subprocess.run([*PODMAN.split(), "rmi", "-f", tag], capture_output=True)
+
+    def ensure(*extra: Any) -> Any:
+        return cli("image", "ensure", "--profile", path, "--lock", lock, "--podman", PODMAN, *extra)
+
+    built = ensure("--source", "build", "--context", ROOT)
+    assert built.exit_code == 0, built.stdout + built.stderr
+    first = json.loads(built.stdout)
+    assert (first["action"], first["changed"], first["label_mismatches"]) == ("built", True, [])
+    assert first["reference"].startswith("localhost/specdeploy-test/small@sha256:")
+    again = json.loads(ensure("--source", "build", "--context", ROOT).stdout)
+    assert (again["action"], again["changed"], again["reference"]) == ("present", False, first["reference"])
+
+    archive = tmp_path / "small.tar"
+    subprocess.run([*PODMAN.split(), "save", "--output", str(archive), tag], check=True, capture_output=True)
+    subprocess.run([*PODMAN.split(), "rmi", "-f", tag], check=True, capture_output=True)
+    loaded = ensure("--source", "archive", "--archive", archive)
+    assert loaded.exit_code == 0, loaded.stdout + loaded.stderr
+    data = json.loads(loaded.stdout)
+    assert data["action"] == "loaded" and data["label_mismatches"] == []
+    assert data["reference"].startswith("localhost/specdeploy-test/small@sha256:")
+
+    subprocess.run([*PODMAN.split(), "rmi", "-f", tag], check=True, capture_output=True)
+    missing = ensure("--source", "archive", "--archive", tmp_path / "none.tar")
+    assert missing.exit_code == 1 and "no archive at" in missing.stderr and "podman save" in missing.stderr
+
+
 def _source_stage(repo: Path, commit: str, merge_base: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     argv = [
         *PODMAN.split(), "build", "--target", "source", "--file", str(ROOT / "Containerfile.vllm-pr40898"),

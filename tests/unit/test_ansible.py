@@ -36,6 +36,9 @@ def test_every_stage_is_tagged() -> None:
     tags = {r["role"]: r["tags"] for r in play["roles"]}
     assert all(tags[role] for role in tags) and list(tags) == [
         "specdeploy",
+        "preflight",
+        "gpu_runtime",
+        "images",
         "weights",
         "drafter_config",
         "engine",

