@@ -487,6 +487,56 @@ def smoke_cmd(
     raise typer.Exit(report.exit_code)
 
 
+# --------------------------------------------------------------------------- startup log
+
+
+@app.command("startup-log")
+def startup_log_cmd(
+    profile: ProfileOpt,
+    unit: Annotated[str | None, typer.Option(help="read the unit's journal since its current start")] = None,
+    log_file: Annotated[Path | None, typer.Option("--file", help="read a saved engine log instead")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the line (with --unit)")] = 900,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check the auxiliary-layer line vLLM logs for a DFlash drafter (target_layer_ids + 1).
+
+    Exit 0 when it matches, 1 when it differs or never appears, 2 on bad input.
+    """
+    import subprocess
+
+    from specdeploy import startup_log
+
+    try:
+        p = profile_mod.load_profile(profile)
+    except SpecdeployError as exc:
+        raise _fail(exc) from None
+    if p.engine.speculative.method != "dflash":
+        out.print(f"profile {p.name} uses {p.engine.speculative.method}: no auxiliary-layer line to check")
+        raise typer.Exit(0)
+    if (unit is None) == (log_file is None):
+        raise _fail(SpecdeployError("pass exactly one of --unit and --file"))
+    if log_file is not None:
+        check = startup_log.check_aux_layers(p, log_file.read_text(errors="replace"))
+    else:
+        assert unit is not None
+
+        def failed() -> bool:
+            state = subprocess.run(["systemctl", "is-failed", unit], capture_output=True, text=True)
+            return state.stdout.strip() == "failed"
+
+        check = startup_log.wait_for_aux_layers(
+            p, lambda: startup_log.journal_of_current_run(unit), timeout_s=timeout, failed=failed
+        )
+    if as_json:
+        out.print_json(
+            data={"ok": check.ok, "expected": check.expected, "found": check.found, "message": check.message}
+        )
+    else:
+        colour = "green" if check.ok else "bold red"
+        out.print(f"[{colour}]{'ok' if check.ok else 'FAIL'}[/] {check.message}", highlight=False)
+    raise typer.Exit(0 if check.ok else 1)
+
+
 # --------------------------------------------------------------------------- preflight
 
 

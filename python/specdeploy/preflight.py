@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -233,9 +234,9 @@ def podman_check(profile: Profile, options: Options) -> Check:
     return Check("podman", Level.fail, found, expected, f"upgrade podman to {minimum}+ (Debian bookworm ships 4.3)")
 
 
-def _listeners(port: int) -> set[str]:
-    """Socket inodes listening on `port` (IPv4 and IPv6), from /proc/net."""
-    inodes = set()
+def _listeners(port: int) -> dict[str, int]:
+    """Socket inode -> owner uid of every socket listening on `port` (IPv4 and IPv6), from /proc/net."""
+    found = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             rows = Path(table).read_text().splitlines()[1:]
@@ -244,11 +245,27 @@ def _listeners(port: int) -> set[str]:
         for row in rows:
             cols = row.split()
             if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(cols[9])
-    return inodes
+                found[cols[9]] = int(cols[7])
+    return found
 
 
-def _owners(inodes: set[str]) -> list[tuple[int, str, str]]:
+def _unit_user_uid(unit: str) -> int | None:
+    """The uid an active unit runs as (None when the unit is not active)."""
+    show = ["systemctl", "show", "--property=ActiveState,User", unit]
+    try:
+        done = subprocess.run(show, capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return None
+    props = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    if props.get("ActiveState") != "active":
+        return None
+    try:
+        return pwd.getpwnam(props["User"]).pw_uid if props.get("User") else 0
+    except KeyError:
+        return None
+
+
+def _owners(inodes: set[str] | dict[str, int]) -> list[tuple[int, str, str]]:
     """(pid, command line, cgroup) of the processes holding those sockets."""
     owners = []
     for proc in Path("/proc").iterdir():
@@ -283,10 +300,18 @@ def port_check(profile: Profile, options: Options) -> Check:
             return Check("port", Level.ok, f"{port} free", expected)
         except OSError:
             pass
-    owners = _owners(_listeners(port))
+    listeners = _listeners(port)
+    owners = _owners(listeners)
     if owners and all(f"{options.unit}.service" in cgroup for _, _, cgroup in owners):
         return Check("port", Level.ok, f"{port} held by the running {options.unit}", expected)
-    who = "; ".join(f"pid {pid} ({cmd[:80]})" for pid, cmd, _ in owners) or "an unknown process"
+    if not owners and listeners:
+        # Processes of another user hide their sockets without CAP_SYS_PTRACE (containers):
+        # fall back to the socket's owner, which must be the user the active engine runs as.
+        uid = _unit_user_uid(options.unit)
+        if uid is not None and set(listeners.values()) == {uid}:
+            return Check("port", Level.ok, f"{port} held by the running {options.unit} (uid {uid})", expected)
+    who = "; ".join(f"pid {pid} ({cmd[:80]})" for pid, cmd, _ in owners)
+    who = who or ", ".join(f"uid {u}" for u in sorted(set(listeners.values()))) or "an unknown process"
     return Check(
         "port", Level.fail, f"{port} in use by {who}", expected, "stop it, or change engine.serve.port in the profile"
     )

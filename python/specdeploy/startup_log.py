@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specdeploy.profile import Profile
@@ -58,3 +61,35 @@ def check_aux_layers(profile: Profile, log_text: str) -> AuxLayerCheck:
     else:
         why = "the drafter's target_layer_ids differ from the profile's"
     return AuxLayerCheck(expected, found, False, f"expected auxiliary layers {expected}, vLLM logged {found}: {why}")
+
+
+# --------------------------------------------------------------------------- from the journal
+
+
+def journal_of_current_run(unit: str) -> str:
+    """The unit's log lines since its current start (its systemd invocation), from journald.
+    A quadlet container logging to journald runs in the unit's cgroup, so its lines carry the
+    same invocation id."""
+    invocation = subprocess.run(
+        ["systemctl", "show", "--property=InvocationID", "--value", unit], capture_output=True, text=True
+    ).stdout.strip()
+    if not invocation:
+        return ""
+    done = subprocess.run(
+        ["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "--output=cat", "--no-pager"],
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout
+
+
+def wait_for_aux_layers(
+    profile: Profile, read: Callable[[], str], *, timeout_s: float, failed: Callable[[], bool] = lambda: False
+) -> AuxLayerCheck:
+    """Poll the log until vLLM prints its auxiliary-layer line, the engine fails, or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    text = read()
+    while find_aux_layers(text) is None and time.monotonic() < deadline and not failed():
+        time.sleep(2)
+        text = read()
+    return check_aux_layers(profile, text)

@@ -141,6 +141,8 @@ def test_a_failed_gate_rolls_back_to_the_previous_stack(
 
     run = _playbook(host, tmp_path, wheelhouse, weights, profile=bad.stem, profiles=profiles)
     assert run.returncode != 0, run.stdout[-4000:]
+    # the gate read the real journal first: vLLM wired the DFlash taps as the profile says
+    assert "auxiliary layers (1, 3) = target_layer_ids + 1" in run.stdout, run.stdout[-5000:]
     assert "Restore what this run replaced" in run.stdout
     assert "previous stack serves: True" in run.stdout, run.stdout[-5000:]
 
