@@ -186,7 +186,7 @@ def restore(directory: Path, run_id: str, *, unit: str, run: Systemctl = systemc
             atomic.ensure_dir(directory / "failed")
             failed = directory / "failed" / str(n)
             _remove(failed)
-            path.rename(failed)  # keep what failed, for diagnosis
+            shutil.move(path, failed)  # keep what failed, for diagnosis (may cross filesystems)
         if entry.kind == "absent":
             removed.append(entry.path)
             continue

