@@ -44,3 +44,27 @@ def test_every_stage_is_tagged() -> None:
         "engine",
         "smoke_gate",
     ]
+
+
+def test_the_a6000_play_lists_every_stage_for_the_example_inventory() -> None:
+    """What `-l a6000` would run, rendered without touching a host: the inventory parses,
+    both GPU hosts are selected, and every stage's tasks are present under its tag."""
+    done = subprocess.run(
+        [str(BIN / "ansible-playbook"), "deploy.yml", "-i", "inventory/example.yml", "-l", "a6000",
+         "--list-hosts", "--list-tasks"],
+        cwd=ROOT / "ansible", capture_output=True, text=True, env=ENV,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "gpu-a6000-01.example.internal" in done.stdout and "gpu-a6000-02.example.internal" in done.stdout
+    assert "specdeploy-rehearsal" not in done.stdout.split("tasks:", 1)[0]
+    for task in (
+        "preflight : Check the host against the profile",
+        "gpu_runtime : Generate the CDI spec (nvidia.com/gpu=all)",
+        "images : Build, pull or load the image and check its labels",
+        "weights : Fetch and verify weights at the pinned commits",
+        "drafter_config : Verify the downloaded drafter config",
+        "engine : Install the engine unit rendered from the profile",
+        "smoke_gate : Check the drafter's auxiliary layers in the engine's startup log",
+        "smoke_gate : Restore what this run replaced and prove the previous stack serves",
+    ):
+        assert task in done.stdout, task
