@@ -123,6 +123,10 @@ def render_service(
         *(f"Environment={systemd_quote(f'{k}={v}')}" for k, v in sorted(command.env.items())),
         *(f"LoadCredential={secret}" for secret in sorted(command.secret_env.values())),
         f"ExecStart={_exec_line(command.argv)}",
+        # SIGTERM to the API server only: it shuts its engine processes down itself; whatever
+        # is left is killed. vLLM stops in seconds, so a stuck stop need not cost 90 s of downtime.
+        "KillMode=mixed",
+        "TimeoutStopSec=30",
         "Restart=on-failure",
         "RestartSec=10",
         "TimeoutStartSec=900",
