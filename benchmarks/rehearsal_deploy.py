@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -32,10 +33,16 @@ from specdeploy.profile import load_profile, resolve_profile_path
 from specdeploy.rehearsal import deploy, hosts, variants
 
 
-def _timed(argv: list[str]) -> tuple[float, int]:
+def _changed(output: str) -> str:
+    """changed=N from the play recap ("?" when the play did not get that far)."""
+    match = re.search(r"changed=(\d+)", output.split("PLAY RECAP", 1)[-1])
+    return match.group(1) if match else "?"
+
+
+def _timed(argv: list[str]) -> tuple[float, int, str]:
     start = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True)
-    return time.monotonic() - start, done.returncode
+    return time.monotonic() - start, done.returncode, _changed(done.stdout)
 
 
 def main() -> None:
@@ -45,10 +52,10 @@ def main() -> None:
     specdeploy = str(Path(sys.executable).parent / "specdeploy")
     hosts.stop(deploy.HOST_NAME)
     rows = []
-    first, rc1 = _timed([specdeploy, "rehearsal", "deploy"])
-    rows.append({"step": "first deploy (fresh host)", "seconds": round(first, 1), "exit": rc1})
-    again, rc2 = _timed([specdeploy, "rehearsal", "deploy"])
-    rows.append({"step": "re-run (nothing changes)", "seconds": round(again, 1), "exit": rc2})
+    first, rc1, changed1 = _timed([specdeploy, "rehearsal", "deploy"])
+    rows.append({"step": "first deploy (fresh host)", "seconds": round(first, 1), "exit": rc1, "changed": changed1})
+    again, rc2, changed2 = _timed([specdeploy, "rehearsal", "deploy"])
+    rows.append({"step": "re-run", "seconds": round(again, 1), "exit": rc2, "changed": changed2})
 
     target = deploy.host()
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,14 +79,15 @@ def main() -> None:
             "step": "bad drafter deployed, gate failed, rolled back",
             "seconds": round(bad_s, 1),
             "exit": played.returncode,
+            "changed": _changed(played.stdout),
             "downtime_s": outcome["downtime_s"],
             "previous_stack_serves": outcome["previous_stack_serves"],
         }
     )
-    table = Table("step", "seconds", "exit", "downtime (s)", "previous stack serves")
+    table = Table("step", "seconds", "exit", "changed", "downtime (s)", "previous stack serves")
     for row in rows:
         table.add_row(
-            row["step"], str(row["seconds"]), str(row["exit"]), str(row.get("downtime_s", "")),
+            row["step"], str(row["seconds"]), str(row["exit"]), row["changed"], str(row.get("downtime_s", "")),
             str(row.get("previous_stack_serves", "")),
         )  # fmt: skip
     Console().print(table)
