@@ -104,15 +104,14 @@ def resolve_base_digest(profile: Profile, lock: Lock, podman: str) -> str:
     recorded = lock.value(profile.name, "engine.image.base.digest")
     if recorded:
         return str(recorded)
-    inspect = _podman(podman, "image", "inspect", "--format", "{{.Digest}}", base.name)
-    if inspect.returncode != 0:
+    digest = _local_digest(base.name, podman)
+    if digest is None:
         pulled = _podman(podman, "pull", base.name)
         if pulled.returncode != 0:
             raise ImageError(f"cannot pull base image {base.name}: {pulled.stderr.strip()[-300:]}")
-        inspect = _podman(podman, "image", "inspect", "--format", "{{.Digest}}", base.name)
-    digest = inspect.stdout.strip()
-    if not digest.startswith("sha256:"):
-        raise ImageError(f"podman reported no digest for {base.name}: {inspect.stdout!r} {inspect.stderr!r}")
+        digest = _local_digest(base.name, podman)
+    if digest is None:
+        raise ImageError(f"podman reported no digest for {base.name}", hint=f"podman image inspect {base.name}")
     lock.record(profile.name, "engine.image.base.digest", digest, by="image build", detail={"name": base.name})
     return digest
 

@@ -153,7 +153,7 @@ def deploy_cmd(
 
     Exit: the playbook's when it fails before the gate, else the smoke verdict's (0 pass).
     """
-    from specdeploy.cli import print_smoke_report
+    from specdeploy.cli import _fail, print_smoke_report
     from specdeploy.rehearsal import deploy, hosts
     from specdeploy.smoke import SmokeReport
 
@@ -162,8 +162,7 @@ def deploy_cmd(
         archive = deploy.weights()
         target = deploy.host()
     except SpecdeployError as exc:
-        out.print(f"[bold red]error:[/] {exc.message}" + (f"\n  fix: {exc.hint}" if exc.hint else ""))
-        raise typer.Exit(exc.exit_code) from None
+        raise _fail(exc) from None
     inventory = cache_dir() / "rehearsal-host" / "inventory.ini"
     argv = deploy.playbook_argv(target, inventory, wheels=wheels, archive=archive)
     out.print(f"[bold]ansible-playbook deploy.yml -l rehearsal[/] (inventory {inventory})")
