@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from specdeploy import metrics
+from specdeploy import engines, metrics
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rehearsal import launcher, proof, variants
 from specdeploy.smoke import SmokeOptions, SmokeReport, Status, run
@@ -87,29 +87,30 @@ def test_self_drafting_untrained_target_is_a_token_loop(stack: Stack) -> None:
     assert "token loop" in _diagnosis(report)
 
 
-def test_other_traffic_is_reported(stack: Stack) -> None:
-    """Counters are server-wide: requests that are not the smoke's are counted and reported."""
+def test_other_traffic_is_reported(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counters are server-wide: requests that are not the smoke's are counted and reported.
+
+    Another client's request is sent (and finished) right after each of the smoke's own
+    acceptance requests, so it always lands between the wave's two metric scrapes; a free-
+    running background loop did not (CI saw 0 other requests across a 3-wave run)."""
     engine = stack("healthy")
-    done = threading.Event()
+    own_complete = engines.VLLMClient._complete
 
-    def background() -> None:
-        while not done.is_set():
-            httpx.post(
-                f"{engine.url}/v1/completions",
-                json={"model": "tiny-qwen3", "prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0},
-                timeout=60,
-            )
+    def complete_then_other_client(self: engines.VLLMClient, prompt: str, max_tokens: int) -> engines.Completion:
+        completion = own_complete(self, prompt, max_tokens)
+        httpx.post(
+            f"{engine.url}/v1/completions",
+            json={"model": "tiny-qwen3", "prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0},
+            timeout=60,
+        ).raise_for_status()
+        return completion
 
-    worker = threading.Thread(target=background)
-    worker.start()
-    try:
-        report = _smoke(load_profile("cpu-rehearsal"), engine)
-    finally:
-        done.set()
-        worker.join()
+    monkeypatch.setattr(engines.VLLMClient, "_complete", complete_then_other_client)
+    report = _smoke(load_profile("cpu-rehearsal"), engine)
     acc = report.stage("acceptance")
-    assert acc is not None and acc.details["other_traffic_requests"] > 0
-    assert "other request(s) seen on the server" in acc.summary
+    assert acc is not None
+    assert acc.details["other_traffic_requests"] == acc.details["requests"]  # exactly one other per own request
+    assert f"{acc.details['requests']} other request(s) seen on the server" in acc.summary
 
 
 def test_version_mismatch_names_both_versions(stack: Stack) -> None:
