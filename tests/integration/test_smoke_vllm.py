@@ -109,8 +109,11 @@ def test_other_traffic_is_reported(stack: Stack, monkeypatch: pytest.MonkeyPatch
     report = _smoke(load_profile("cpu-rehearsal"), engine)
     acc = report.stage("acceptance")
     assert acc is not None
-    assert acc.details["other_traffic_requests"] == acc.details["requests"]  # exactly one other per own request
-    assert f"{acc.details['requests']} other request(s) seen on the server" in acc.summary
+    # One other request per own request; at most the wave's last one may not be counted yet
+    # when the wave's closing scrape is answered (it is then in the next wave's baseline).
+    sent, seen = acc.details["requests"], acc.details["other_traffic_requests"]
+    assert sent - acc.details["waves"] <= seen <= sent and seen > 0
+    assert f"{seen} other request(s) seen on the server" in acc.summary
 
 
 def test_version_mismatch_names_both_versions(stack: Stack) -> None:
