@@ -16,7 +16,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import pytest
 from tests.testhost import Host, boot_host, rehearsal_host_image
 
 from specdeploy.profile import load_profile, resolve_profile_path
-from specdeploy.rehearsal import deploy, variants
+from specdeploy.rehearsal import archive, deploy, variants
 
 pytestmark = [pytest.mark.testhost, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,11 +60,7 @@ def _playbook(
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("weights")
-    subprocess.run(
-        [str(Path(sys.executable).parent / "specdeploy"), "rehearsal", "fixtures", "--export", str(dest)],
-        check=True,
-        capture_output=True,
-    )
+    archive.export(dest)
     return dest
 
 

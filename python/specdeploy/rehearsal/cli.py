@@ -24,33 +24,13 @@ def fixtures_cmd(
     ] = None,
 ) -> None:
     """Build (or reuse) every fixture model the rehearsal needs and print where they are."""
-    import shutil
+    from specdeploy.rehearsal import archive
 
-    from specdeploy.profile import load_profile
-    from specdeploy.rehearsal import fixtures, variants
-
-    base = load_profile(variants.BASE)
-    built = {
-        "tokenizer": fixtures.tokenizer_dir(),
-        "target": fixtures.build_target(base),
-        "draft_model": fixtures.build_draft_model(base),
-        "dflash_drafter": fixtures.build_dflash_drafter(variants.dflash(base)),
-    }
-    for name, path in built.items():
+    for name, path in archive.build_all().items():
         out.print(f"{name:15} {path}")
-    if export is not None and base.drafter is not None:
-        ignore = shutil.ignore_patterns(".complete", "fixture.json", "training.json")
-        dflash = variants.dflash(base).drafter
-        assert dflash is not None
-        exported = (
-            (base.target.repo, built["target"]),
-            (base.drafter.repo, built["draft_model"]),
-            (dflash.repo, built["dflash_drafter"]),
-        )
-        for repo, source in exported:
-            shutil.rmtree(export / repo, ignore_errors=True)
-            shutil.copytree(source, export / repo, ignore=ignore)
-        out.print(f"exported the cpu-rehearsal models to {export}")
+    if export is not None:
+        for repo, copy in archive.export(export).items():
+            out.print(f"exported {repo:35} {copy}")
 
 
 @app.command("check-dflash")

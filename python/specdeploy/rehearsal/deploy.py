@@ -18,7 +18,7 @@ from pathlib import Path
 
 from specdeploy.cache import cache_dir
 from specdeploy.errors import SpecdeployError
-from specdeploy.rehearsal import hosts
+from specdeploy.rehearsal import archive, hosts
 
 ROOT = Path(__file__).resolve().parents[3]
 HOST_NAME = "specdeploy-rehearsal"
@@ -63,8 +63,7 @@ def wheelhouse() -> Path:
 def weights() -> Path:
     """The rehearsal's fixture models laid out as <org>/<name> (the archive the play copies)."""
     dest = cache_dir() / "rehearsal-weights"
-    specdeploy = Path(sys.executable).parent / "specdeploy"
-    subprocess.run([str(specdeploy), "rehearsal", "fixtures", "--export", str(dest)], check=True)
+    archive.export(dest)
     return dest
 
 

@@ -1,0 +1,72 @@
+"""The rehearsal's weights archive: its fixture models laid out as `<org>/<name>`.
+
+That is the layout `specdeploy fetch` leaves under `models/` on a host, so the play's
+`weights_source=archive` path copies it as is. Each repository is copied into a sibling
+temporary directory and renamed into place: an interrupted export never leaves a
+half-copied model where a finished one was.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from specdeploy.profile import load_profile
+from specdeploy.rehearsal import fixtures, variants
+
+# Bookkeeping of the fixture cache, not part of a model repository.
+CACHE_FILES = (".complete", "fixture.json", "training.json")
+
+
+def build_all() -> dict[str, Path]:
+    """Build (or reuse) every fixture model the rehearsal profiles serve."""
+    base = load_profile(variants.BASE)
+    return {
+        "tokenizer": fixtures.tokenizer_dir(),
+        "target": fixtures.build_target(base),
+        "draft_model": fixtures.build_draft_model(base),
+        "dflash_drafter": fixtures.build_dflash_drafter(variants.dflash(base)),
+    }
+
+
+def repositories(built: dict[str, Path]) -> dict[str, Path]:
+    """Hub repository name -> fixture directory, for the rehearsal and its DFlash variant."""
+    base = load_profile(variants.BASE)
+    dflash = variants.dflash(base).drafter
+    if base.drafter is None or dflash is None:
+        raise ValueError(f"profile {base.name!r} and its DFlash variant must both name a drafter")
+    return {
+        base.target.repo: built["target"],
+        base.drafter.repo: built["draft_model"],
+        dflash.repo: built["dflash_drafter"],
+    }
+
+
+def export(dest: Path) -> dict[str, Path]:
+    """Copy the rehearsal's models to `dest/<org>/<name>`; returns repository -> its copy."""
+    exported: dict[str, Path] = {}
+    for repo, source in repositories(build_all()).items():
+        final = dest / repo
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+        try:
+            shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(*CACHE_FILES), dirs_exist_ok=True)
+            _replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        exported[repo] = final
+    return exported
+
+
+def _replace(new: Path, final: Path) -> None:
+    """Swap `new` in for `final` with renames (the old copy is removed only afterwards)."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(new, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
