@@ -396,6 +396,7 @@ def image_ensure(
             "action": ensured.action,
             "tag": ensured.tag,
             "reference": ensured.reference,
+            "image_id": ensured.image_id,
             "label_mismatches": bad,
         }
     )

@@ -245,7 +245,7 @@ def build(
     if done.returncode != 0:
         raise ImageError(f"podman build failed (exit {done.returncode}) for {image_tag(profile)}; see the output above")
     image_id = _podman(podman, "image", "inspect", "--format", "{{.Id}}", image_tag(profile)).stdout.strip()
-    _record_build(lock, profile, image_id)
+    _record_image_id(lock, profile, image_id, by="image build")
     return BuildResult(image_tag(profile), image_id, argv, False)
 
 
@@ -263,11 +263,17 @@ def _merge_base_if_any(profile: Profile, lock: Lock, *, resolve: bool) -> str | 
     return str(pin.value) if pin.resolved else lock.value(profile.name, "engine.source.merge_base") or "<unresolved>"
 
 
-def _record_build(lock: Lock, profile: Profile, image_id: str) -> None:
-    """Record the first built image's ID. Rebuilds differ (timestamps), so a later ID is not
-    an error: `image check` proves what the image contains through its labels."""
-    if lock.get(profile.name, "engine.image.digest") is None:
-        lock.record(profile.name, "engine.image.digest", f"sha256:{image_id}", by="image build")
+IMAGE_ID_KEY = "engine.image.id"
+
+
+def _record_image_id(lock: Lock, profile: Profile, image_id: str, *, by: str) -> None:
+    """Record the first image ID seen on this host (built, pulled or loaded). The ID is the
+    config digest: it survives push, pull, save and load, unlike a registry manifest digest,
+    so it is never used as `engine.image.digest`. Rebuilds differ (timestamps), so a later ID
+    is not an error: `image check` proves what the image contains through its labels."""
+    image_id = image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
+    if lock.get(profile.name, IMAGE_ID_KEY) is None:
+        lock.record(profile.name, IMAGE_ID_KEY, image_id, by=by)
 
 
 # --------------------------------------------------------------------------- check
@@ -308,6 +314,7 @@ class Ensured:
     tag: str
     reference: str  # name@sha256:... — what the engine unit runs
     action: str  # "present", "built", "pulled" or "loaded"
+    image_id: str  # sha256:... — the config digest, recorded in the lock when first seen
     labels: list[LabelCheck]
 
     @property
@@ -370,4 +377,7 @@ def ensure(
             hint="an archive must contain the image under this tag (the profile's engine version)",
         )
     labels = check(tag, profile, lock=lock, podman=podman)
-    return Ensured(tag, f"{profile.engine.image.name}@{digest}", action, labels)
+    image_id = "sha256:" + _podman(podman, "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+    if all(label.ok for label in labels):  # never record the ID of an image that failed its check
+        _record_image_id(lock, profile, image_id, by=f"image ensure ({action})")
+    return Ensured(tag, f"{profile.engine.image.name}@{digest}", action, image_id, labels)

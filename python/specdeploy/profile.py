@@ -130,7 +130,11 @@ class BaseImage(_Strict):
 
 
 class ImageSpec(_Strict):
-    """The container image a GPU profile runs; digests are recorded by the first build."""
+    """The container image a GPU profile runs.
+
+    `name` is where it is built to and, for `--source pull`, pulled from (a site registry
+    path); `digest` is that registry's manifest digest. A local build's image ID is not a
+    pullable digest: it is recorded in the lock as `engine.image.id`."""
 
     name: str
     containerfile: str

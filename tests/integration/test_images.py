@@ -51,7 +51,9 @@ def test_image_build_then_check(tmp_path: Path, cli: Any) -> None:
 
     base_digest = lock.value(profile.name, "engine.image.base.digest")
     assert base_digest and base_digest.startswith("sha256:")
-    assert lock.value(profile.name, "engine.image.digest") == f"sha256:{result.image_id}"
+    # The build's image ID is recorded as such, never as the (registry) digest a pull needs.
+    assert lock.value(profile.name, "engine.image.id") == f"sha256:{result.image_id}"
+    assert lock.value(profile.name, "engine.image.digest") is None
     assert f"BASE_IMAGE={busybox_base()}@{base_digest}" in result.argv
 
     content = subprocess.run(
@@ -105,6 +107,14 @@ def test_image_ensure_builds_loads_an_archive_and_hands_over_a_digest_reference(
     data = json.loads(loaded.stdout)
     assert data["action"] == "loaded" and data["label_mismatches"] == []
     assert data["reference"].startswith("localhost/specdeploy-test/small@sha256:")
+    assert data["image_id"] == first["image_id"] == Lock(lock).value(profile.name, "engine.image.id")
+
+    # The reference by digest handed to the engine unit runs the image.
+    ran = subprocess.run(
+        [*PODMAN.split(), "run", "--rm", *RUN_FLAGS, data["reference"], "cat", "/engine.txt"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert ran.returncode == 0 and ran.stdout.startswith("engine 0.5.16"), ran.stderr
 
     subprocess.run([*PODMAN.split(), "rmi", "-f", tag], check=True, capture_output=True)
     missing = ensure("--source", "archive", "--archive", tmp_path / "none.tar")
