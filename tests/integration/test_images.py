@@ -120,6 +120,11 @@ def test_image_ensure_builds_loads_an_archive_and_hands_over_a_digest_reference(
     missing = ensure("--source", "archive", "--archive", tmp_path / "none.tar")
     assert missing.exit_code == 1 and "no archive at" in missing.stderr and "podman save" in missing.stderr
 
+    # Pull needs the registry's manifest digest; the recorded image ID is not one.
+    unpinned = ensure("--source", "pull")
+    assert unpinned.exit_code == 1
+    assert "engine.image.digest is unresolved" in unpinned.stderr and "podman push --digestfile" in unpinned.stderr
+
 
 def _source_stage(repo: Path, commit: str, merge_base: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     argv = [
