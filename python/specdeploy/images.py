@@ -244,7 +244,7 @@ def build(
     done = subprocess.run(argv, text=True)
     if done.returncode != 0:
         raise ImageError(f"podman build failed (exit {done.returncode}) for {image_tag(profile)}; see the output above")
-    image_id = _podman(podman, "image", "inspect", "--format", "{{.Id}}", image_tag(profile)).stdout.strip()
+    image_id = _local_id(image_tag(profile), podman)
     _record_image_id(lock, profile, image_id, by="image build")
     return BuildResult(image_tag(profile), image_id, argv, False)
 
@@ -322,6 +322,11 @@ class Ensured:
         return self.action != "present"
 
 
+def _local_id(tag: str, podman: str) -> str:
+    """The image ID (config digest, bare hex) of a local image."""
+    return _podman(podman, "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+
+
 def _local_digest(tag: str, podman: str) -> str | None:
     done = _podman(podman, "image", "inspect", "--format", "{{.Digest}}", tag)
     digest = done.stdout.strip()
@@ -377,7 +382,7 @@ def ensure(
             hint="an archive must contain the image under this tag (the profile's engine version)",
         )
     labels = check(tag, profile, lock=lock, podman=podman)
-    image_id = "sha256:" + _podman(podman, "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+    image_id = f"sha256:{_local_id(tag, podman)}"
     if all(label.ok for label in labels):  # never record the ID of an image that failed its check
         _record_image_id(lock, profile, image_id, by=f"image ensure ({action})")
     return Ensured(tag, f"{profile.engine.image.name}@{digest}", action, image_id, labels)
