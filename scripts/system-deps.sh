@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # System packages the tests need (Debian): podman + runc for image builds and disposable
 # test hosts, busybox-static and debootstrap for local base images, nix-bin to parse the
-# flake. Installs only what is missing; needs root (CI and these machines run as root).
+# flake, git-lfs for the hub-mirror repositories of the fetch tests. Installs only what
+# is missing; needs root (CI and these machines run as root).
 set -euo pipefail
 need=()
 command -v podman >/dev/null || need+=(podman)
@@ -10,6 +11,8 @@ command -v runc >/dev/null || need+=(runc)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v nix-instantiate >/dev/null || need+=(nix-bin)
 command -v git >/dev/null || need+=(git)
+# git-lfs: the fetch tests build LFS objects for the hub mirror (olah reads .git/lfs/objects).
+command -v git-lfs >/dev/null || need+=(git-lfs)
 command -v ssh >/dev/null || need+=(openssh-client)
 command -v flock >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
