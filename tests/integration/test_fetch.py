@@ -2,8 +2,8 @@
 server (olah) serving fixture git repos, plus a small stub for the one thing olah cannot
 do: refuse a gated repo (HTTP 403 with `X-Error-Code: GatedRepo`, the hub's own shape).
 
-Not testable here: resuming a partial download (olah ignores Range requests, FACTS
-section 7); huggingface_hub's resume path is exercised on real hosts only.
+Not testable here: resuming a partial download (olah ignores Range requests,
+docs/sources.md#olah); huggingface_hub's resume path is exercised on real hosts only.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.hub import git, make_repo, olah
+from tests.support.hub import git, make_repo, olah
 
-from specdeploy.lock import Lock
 from specdeploy.profile import Profile, load_profile
+from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import variants
-from specdeploy.weights import FetchError, fetch, read_token
+from specdeploy.weights.fetch import FetchError, fetch, read_token
 
 pytestmark = pytest.mark.hub
 
@@ -129,7 +129,7 @@ def test_wrong_revision_is_named(hub: dict[str, Any], tmp_path: Path) -> None:
 
 
 def test_unresolved_revision_is_refused_before_any_download(tmp_path: Path) -> None:
-    from specdeploy.errors import UnresolvedPinError
+    from specdeploy.core.errors import UnresolvedPinError
 
     with pytest.raises(UnresolvedPinError, match=r"target\.revision, drafter\.revision"):
         fetch(load_profile("a6000-dflash"), tmp_path, lock=Lock(tmp_path / "l"), endpoint="http://127.0.0.1:9")

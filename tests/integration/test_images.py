@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.local_images import PODMAN, RUN_FLAGS, build_base, busybox_base
-from tests.unit.test_build_guards import _git, fixture_vllm_repo
+from tests.support.local_images import PODMAN, RUN_FLAGS, build_base, busybox_base
+from tests.support.vllm_repo import fixture_vllm_repo, git
 
-from specdeploy import images
-from specdeploy.lock import Lock
+from specdeploy.images import build as images
 from specdeploy.profile import Profile, load_profile
+from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import variants
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,7 +141,7 @@ def _source_stage(repo: Path, commit: str, merge_base: str, tmp_path: Path) -> s
 @pytest.mark.parametrize(("shifts", "passes"), [(1, True), (2, False)], ids=["pinned-tree", "shift-applied-twice"])
 def test_vllm_containerfile_guard_stage(tmp_path: Path, shifts: int, passes: bool) -> None:
     repo, head, base = fixture_vllm_repo(tmp_path, shifts=shifts)
-    _git(repo, "update-ref", "refs/pull/40898/head", head)
+    git(repo, "update-ref", "refs/pull/40898/head", head)
     done = _source_stage(repo, head, base, tmp_path)
     output = done.stdout + done.stderr
     if passes:

@@ -16,11 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.support.variants import engine_version
 
-from specdeploy import engines, metrics
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rehearsal import launcher, proof, variants
-from specdeploy.smoke import SmokeOptions, SmokeReport, Status, run
+from specdeploy.smoke import clients as engines
+from specdeploy.smoke import metrics
+from specdeploy.smoke.stages import SmokeOptions, SmokeReport, Status, run
 
 pytestmark = pytest.mark.vllm
 
@@ -117,7 +119,7 @@ def test_other_traffic_is_reported(stack: Stack, monkeypatch: pytest.MonkeyPatch
 
 
 def test_version_mismatch_names_both_versions(stack: Stack) -> None:
-    profile = variants.engine_version(load_profile("cpu-rehearsal"), "0.31.0")
+    profile = engine_version(load_profile("cpu-rehearsal"), "0.31.0")
     report = _smoke(profile, stack("healthy"))
     identity = report.stage("identity")
     assert report.exit_code == 1 and identity is not None and identity.status is Status.failed

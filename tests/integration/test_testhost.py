@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.testhost import boot_host
+from tests.support.testhost import boot_host
 
 pytestmark = pytest.mark.testhost
 

@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.testhost import Host, boot_host
+from tests.support.testhost import Host, boot_host
 
-from specdeploy import engine_args, units
+from specdeploy.core import layout
+from specdeploy.engine import args as engine_args
+from specdeploy.engine import units
 from specdeploy.profile import load_profile
 
 pytestmark = pytest.mark.testhost
@@ -37,19 +39,20 @@ def _put(host: Host, text: str, path: str) -> None:
 
 def test_rehearsal_service_execstart_is_the_launchers_argv(host: Host) -> None:
     profile = load_profile("cpu-rehearsal")
-    unit = units.render(profile, models_dir="/var/lib/specdeploy/models", serving_dir="/var/lib/specdeploy/serving")
+    host_layout = layout.HostLayout()
+    unit = units.render(profile, host=host_layout)
     _put(host, unit.text, f"/etc/systemd/system/{unit.filename}")
     host.ssh("systemctl daemon-reload")
-    shown = host.ssh(f"systemctl show {units.UNIT_NAME} -p ExecStart --value").stdout
+    shown = host.ssh(f"systemctl show {layout.UNIT_NAME} -p ExecStart --value").stdout
     argv_text = shown.split("argv[]=", 1)[1].split(" ;", 1)[0]
     expected = engine_args.render(
         profile,
-        model=f"/var/lib/specdeploy/models/{profile.target.repo}",
-        drafter="/var/lib/specdeploy/serving/drafter",
-        python="/opt/specdeploy/venv/bin/python",
+        model=str(host_layout.download(profile.target.repo)),
+        drafter=str(host_layout.drafter_serving),
+        python=str(layout.InstallLayout().venv / "bin" / "python"),
     )
     assert argv_text == " ".join(expected.argv)
-    env = host.ssh(f"systemctl show {units.UNIT_NAME} -p Environment --value").stdout.split()
+    env = host.ssh(f"systemctl show {layout.UNIT_NAME} -p Environment --value").stdout.split()
     assert sorted(env) == sorted(f"{k}={v}" for k, v in profile.engine.env.items())
 
 
@@ -66,7 +69,7 @@ def test_quadlet_dry_run_renders_the_gpu_profiles(host: Host, name: str) -> None
     for expected in (
         "--device nvidia.com/gpu=all",
         f"--publish {profile.engine.serve.host}:{profile.engine.serve.port}:{profile.engine.serve.port}",
-        "-v /var/lib/specdeploy/models:/models:ro",
+        f"-v {layout.HostLayout().models}:/models:ro",
         "--sdnotify=healthy",
         "--health-cmd",
         "--secret specdeploy_api_key,type=env,target=",

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from specdeploy import startup_log
+from specdeploy.engine import startup_log
 from specdeploy.rehearsal import fixtures, launcher, proof, variants
 
 pytestmark = pytest.mark.vllm
@@ -35,7 +35,7 @@ def test_proof_passes_every_step(dflash_run: proof.ProofResult) -> None:
 
 
 def test_vllm_logs_target_layer_ids_plus_one(dflash_run: proof.ProofResult) -> None:
-    """target_layer_ids [0, 2] -> vLLM reads auxiliary layers (1, 3) (FACTS section 2)."""
+    """target_layer_ids [0, 2] -> vLLM reads auxiliary layers (1, 3) (docs/sources.md#vllm)."""
     assert dflash_run.engine is not None
     log = dflash_run.engine.log()
     assert startup_log.find_aux_layers(log) == (1, 3)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tests.support.simulation import Simulation
 
-from specdeploy.acceptance import Decision, Sample, Simulation, decide, estimate
+from specdeploy.smoke.acceptance import Decision, Sample, decide, estimate
 
 
 def test_pooled_estimate_matches_vllm_formulas() -> None:
@@ -46,7 +47,7 @@ def test_bootstrap_over_requests_covers_95_percent_on_correlated_drafts() -> Non
 
 
 def test_collapse_is_decided_after_a_handful_of_requests() -> None:
-    """1.1 against a 2.5 floor is decisive long before the budget (FACTS section 8)."""
+    """1.1 against a 2.5 floor is decisive long before the budget (docs/sources.md#judging)."""
     sim = Simulation(k=5, mean_p=0.02, concentration=20.0, drafts_per_request=16, rng=np.random.default_rng(3))
     samples: list[Sample] = []
     while decide(estimate(samples), 2.5, 5.0) is Decision.undecided:

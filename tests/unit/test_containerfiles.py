@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from dockerfile_parse import DockerfileParser
 
-from specdeploy import images
+from specdeploy.images import build as images
 from specdeploy.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy import gpus
+from specdeploy.host import gpus
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.errors import LockMismatchError, SpecdeployError, UnresolvedPinError
-from specdeploy.lock import Lock, require
+from specdeploy.core.errors import LockMismatchError, SpecdeployError, UnresolvedPinError
 from specdeploy.profile import load_profile
+from specdeploy.profile.lock import Lock, require
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 

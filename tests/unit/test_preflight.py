@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy import gpus, preflight
+from specdeploy.host import gpus, preflight
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import variants
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from specdeploy.errors import ProfileError
+from specdeploy.core.errors import ProfileError
 from specdeploy.profile import Provenance, list_profiles, load_profile, unresolved_pins
 from specdeploy.rehearsal import variants
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdeploy.errors import SpecdeployError
+from specdeploy.core.errors import SpecdeployError
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import install
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdeploy import rollback, units
+from specdeploy.core import layout
+from specdeploy.core.keeper import Keeper, load_run
+from specdeploy.engine import units
+from specdeploy.rollback import restore as rollback
 
 
 def _serving(root: Path, text: str) -> Path:
@@ -23,7 +26,7 @@ def test_restore_puts_back_exactly_what_the_run_replaced(tmp_path: Path) -> None
     unit.parent.mkdir()
     unit.write_text("old unit\n")
     serving = _serving(tmp_path, '{"old": true}')
-    keeper = rollback.Keeper(tmp_path / "rollback", "run-2")
+    keeper = Keeper(tmp_path / "rollback", "run-2")
 
     staged = keeper.stage(serving)
     (serving / "config.json").write_text('{"new": true}')
@@ -46,22 +49,22 @@ def test_restore_puts_back_exactly_what_the_run_replaced(tmp_path: Path) -> None
 
 def test_an_unchanged_step_keeps_nothing_and_another_run_restores_nothing(tmp_path: Path) -> None:
     serving = _serving(tmp_path, "{}")
-    keeper = rollback.Keeper(tmp_path / "rollback", "run-1")
+    keeper = Keeper(tmp_path / "rollback", "run-1")
     keeper.stage(serving).discard()
-    assert rollback.load_run(tmp_path / "rollback") is None
+    assert load_run(tmp_path / "rollback") is None
     staged = keeper.stage(serving)
     staged.commit()
     calls: list[list[str]] = []
     other = rollback.restore(tmp_path / "rollback", "run-9", unit="specdeploy-engine", run=calls.append)
     assert not other.anything and calls == []
     # a new run discards the previous run's copies
-    rollback.Keeper(tmp_path / "rollback", "run-10").stage(serving).commit()
-    record = rollback.load_run(tmp_path / "rollback")
+    Keeper(tmp_path / "rollback", "run-10").stage(serving).commit()
+    record = load_run(tmp_path / "rollback")
     assert record is not None and record.run_id == "run-10" and len(record.entries) == 1
 
 
 def test_a_first_deploy_that_fails_removes_its_unit_and_stops_the_engine(tmp_path: Path) -> None:
-    keeper = rollback.Keeper(tmp_path / "rollback", "first")
+    keeper = Keeper(tmp_path / "rollback", "first")
     units.install(units.RenderedUnit("specdeploy-engine.service", "unit\n"), tmp_path, keeper)
     calls: list[list[str]] = []
     done = rollback.restore(tmp_path / "rollback", "first", unit="specdeploy-engine", run=calls.append)
@@ -72,7 +75,7 @@ def test_a_first_deploy_that_fails_removes_its_unit_and_stops_the_engine(tmp_pat
 def test_the_unit_names_the_profile_copy_it_was_rendered_from(tmp_path: Path) -> None:
     from specdeploy.profile import load_profile, resolve_profile_path
 
-    copy = units.keep_profile_copy(resolve_profile_path("cpu-rehearsal"), tmp_path)
+    copy = units.keep_profile_copy(resolve_profile_path("cpu-rehearsal"), layout.HostLayout(state=tmp_path))
     assert copy.name == "cpu-rehearsal.yaml" and load_profile(copy).name == "cpu-rehearsal"
     unit = units.render(load_profile("cpu-rehearsal"), profile_file=str(copy))
-    assert rollback.profile_file_of(unit.text) == str(copy)
+    assert layout.unit_profile_file(unit.text) == str(copy)

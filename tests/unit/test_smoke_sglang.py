@@ -19,11 +19,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from tests.conftest import DATA
+from tests.support.data import DATA
 
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import variants
-from specdeploy.smoke import SmokeOptions, Status, run
+from specdeploy.smoke.stages import SmokeOptions, Status, run
 
 RECORDED = DATA / "sglang"
 

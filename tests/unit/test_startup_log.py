@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specdeploy import startup_log
+from specdeploy.engine import startup_log
 from specdeploy.rehearsal import variants
 
 

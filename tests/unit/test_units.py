@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specdeploy import engine_args, units
+from tests.support.units import exec_argv
+
+from specdeploy.engine import args as engine_args
+from specdeploy.engine import units
 from specdeploy.profile import load_profile
 
 
@@ -31,4 +34,4 @@ def test_exec_line_round_trips_every_argument() -> None:
     argv = engine_args.render(load_profile("a6000-dflash"), model="/models/x y", drafter="/serving/%d$HOME").argv
     line = "ExecStart=" + units._exec_line(argv)
     assert '"/models/x y"' in line and "/serving/%%d$$HOME" in line
-    assert units.exec_argv(line) == argv
+    assert exec_argv(line) == argv

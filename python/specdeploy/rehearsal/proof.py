@@ -15,10 +15,13 @@ from typing import Any
 
 import httpx
 
-from specdeploy import drafter_config, metrics, startup_log
-from specdeploy.lock import Lock
+from specdeploy.core.layout import local_layout
+from specdeploy.drafter import serving, verify
+from specdeploy.engine import startup_log
 from specdeploy.profile import Profile
+from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import fixtures, launcher, variants
+from specdeploy.smoke import metrics
 
 
 @dataclass
@@ -64,8 +67,8 @@ def prepare(workdir: Path, profile: Profile | None = None) -> Prepared:
         profile_path=variants.materialize(profile, workdir / "profiles"),
         target=fixtures.build_target(profile),
         download=fixtures.build_dflash_drafter(profile),
-        serving=workdir / "serving" / "drafter",
-        lock=workdir / "specdeploy.lock",
+        serving=local_layout(workdir).drafter_serving,
+        lock=local_layout(workdir).lock,
     )
 
 
@@ -92,13 +95,11 @@ def run_dflash_proof(workdir: Path, *, keep_running: bool = False, ready_timeout
     result.add("fixtures", True, f"target {prepared.target.name}, drafter {prepared.download.name}")
 
     lock = Lock(prepared.lock)
-    report = drafter_config.verify(prepared.download / "config.json", prepared.profile, lock=lock)
+    report = verify.verify(prepared.download / "config.json", prepared.profile, lock=lock)
     failed = ", ".join(c.field for c in report.failures)
     if not result.add("verify-config", report.ok, failed or f"{len(report.checks)} checks hold"):
         return result
-    written = drafter_config.write_serving_dir(
-        prepared.serving, prepared.profile, source_dir=prepared.download, lock=lock
-    )
+    written = serving.write_serving_dir(prepared.serving, prepared.profile, source_dir=prepared.download, lock=lock)
     result.add("write-config", True, f"{prepared.serving} (canonical sha256 {written.canonical_sha256[:12]})")
 
     started = time.monotonic()

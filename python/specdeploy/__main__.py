@@ -1,0 +1,5 @@
+"""`python -m specdeploy`: the same CLI as the `specdeploy` command."""
+
+from specdeploy.cli import main
+
+main()

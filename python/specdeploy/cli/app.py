@@ -1,0 +1,43 @@
+"""`specdeploy <command>`: the one entry point for operators, Ansible and CI.
+
+Each command prints a readable table by default and JSON with `--json`; every user-facing
+failure is a SpecdeployError whose message says what is wrong and what to do, mapped to its
+documented exit code (README "Exit codes") by the one error boundary (cli.base.Boundary).
+The verb groups live one module each, in pipeline order.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from specdeploy.cli import base, drafter, engine, gate, host, images, profile, rehearsal, rollback, smoke, weights
+
+app = typer.Typer(
+    cls=base.Boundary,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help=__doc__,
+)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    debug: Annotated[
+        bool, typer.Option("--debug", envvar="SPECDEPLOY_DEBUG", help="show the traceback of an internal error")
+    ] = False,
+) -> None:
+    """Reproducible LLM serving with speculative decoding: profile, host, images, weights,
+    drafter config, engine, smoke, gate, rollback."""
+    ctx.obj = {"debug": debug}
+
+
+for module in (profile, host, images, weights, drafter, engine, smoke, rollback, gate, rehearsal):
+    module.register(app)
+
+
+def main() -> None:
+    app(prog_name="specdeploy")

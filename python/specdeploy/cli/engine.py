@@ -1,0 +1,96 @@
+"""`specdeploy unit render|install` and `specdeploy startup-log`: the engine service and the
+proof, in its startup log, that the drafter is wired as the profile says."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specdeploy.cli import base, output
+from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.keeper import Keeper
+from specdeploy.engine import startup_log, units
+from specdeploy.profile import load_profile, resolve_profile_path
+
+unit_app = base.group("Render and install the engine's systemd unit from the profile.")
+ImageOpt = Annotated[str | None, typer.Option(help="image reference, by digest (container profiles)")]
+
+
+def _render(
+    profile: str, image: str | None, host: base.layout.HostLayout, profile_file: str | None = None
+) -> units.RenderedUnit:
+    try:
+        return units.render(load_profile(profile), host=host, image=image, profile_file=profile_file)
+    except ValueError as exc:
+        raise SpecdeployError(str(exc), hint="pass --image REF@sha256:DIGEST") from None
+
+
+@unit_app.command("render")
+def unit_render(
+    profile: base.ProfileOpt,
+    image: ImageOpt = None,
+    models_dir: base.ModelsDirOpt = None,
+    serving_dir: base.ServingDirOpt = None,
+    cache_dir: base.CacheDirOpt = None,
+) -> None:
+    """Print the unit: a quadlet .container (GPU profiles) or a venv service (rehearsal)."""
+    unit = _render(profile, image, base.host_layout(models_dir, serving_dir, cache_dir=cache_dir))
+    sys.stdout.write(unit.text)
+
+
+@unit_app.command("install")
+def unit_install(
+    dest: Annotated[Path, typer.Argument(help="/etc/containers/systemd or /etc/systemd/system")],
+    profile: base.ProfileOpt,
+    image: ImageOpt = None,
+    models_dir: base.ModelsDirOpt = None,
+    serving_dir: base.ServingDirOpt = None,
+    cache_dir: base.CacheDirOpt = None,
+    state_dir: Annotated[
+        str | None, typer.Option(help="keep a copy of the profile here and name it in the unit (for rollbacks)")
+    ] = None,
+    rollback_dir: base.RollbackDirOpt = None,
+    run_id: base.RunIdOpt = "",
+) -> None:
+    """Write the unit atomically; prints JSON {"changed": ..., "path": ...} for Ansible."""
+    host = base.host_layout(models_dir, serving_dir, state_dir, cache_dir)
+    copy = str(units.keep_profile_copy(resolve_profile_path(profile), host)) if state_dir else None
+    unit = _render(profile, image, host, copy)
+    keeper = Keeper(rollback_dir, run_id) if rollback_dir is not None else None
+    changed = units.install(unit, dest, keeper)
+    output.emit({"changed": changed, "path": str(dest / unit.filename)}, True, lambda: None)
+
+
+def startup_log_check(
+    profile: base.ProfileOpt,
+    unit: Annotated[str | None, typer.Option(help="read the unit's journal since its current start")] = None,
+    log_file: Annotated[Path | None, typer.Option("--file", help="read a saved engine log instead")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the line (with --unit)")] = 900,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Check the auxiliary-layer line vLLM logs for a DFlash drafter (target_layer_ids + 1).
+
+    Exit 0 when it matches, 1 when it differs or never appears, 2 on bad input.
+    """
+    p = load_profile(profile)
+    if p.engine.speculative.method != "dflash":
+        output.out.print(f"profile {p.name} uses {p.engine.speculative.method}: no auxiliary-layer line to check")
+        raise typer.Exit(0)
+    if (unit is None) == (log_file is None):
+        raise SpecdeployError("pass exactly one of --unit and --file")
+    if log_file is not None:
+        check = startup_log.check_aux_layers(p, log_file.read_text(errors="replace"))
+    else:
+        assert unit is not None
+        check = startup_log.check_unit(p, unit, timeout_s=timeout)
+    data = {"ok": check.ok, "expected": check.expected, "found": check.found, "message": check.message}
+    output.emit(data, as_json, lambda: output.out.print(f"{output.MARKS[check.ok]} {check.message}", highlight=False))
+    raise typer.Exit(0 if check.ok else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(unit_app, name="unit")
+    app.command("startup-log")(startup_log_check)

@@ -1,0 +1,84 @@
+"""`specdeploy gate`: the deploy's verdict — startup log, smoke, and on failure the rollback
+with its proof — as one table, one JSON report under `<state>/runs/<run-id>/`, one exit code."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from specdeploy.cli import base, output
+from specdeploy.cli.smoke import print_smoke
+from specdeploy.core import layout
+from specdeploy.gate import run as gate_run
+from specdeploy.profile import resolve_profile_path
+
+
+def print_gate(report: dict[str, Any]) -> None:
+    """A gate report (its JSON form): the smoke table, then one row per step and the verdict."""
+    if report.get("smoke"):
+        print_smoke(report["smoke"])
+    table = Table("step", "result", "summary", title=f"gate {report['profile']} run {report['run_id']}")
+    startup = report.get("startup_log")
+    if startup is not None:
+        result = "skipped" if startup.get("skipped") else ("ok" if startup["ok"] else "fail")
+        table.add_row("startup log", output.status(result), startup["message"])
+    if report.get("smoke"):
+        table.add_row("smoke", output.status(report["smoke"]["verdict"]), f"exit {report['smoke']['exit_code']}")
+    rollback = report.get("rollback")
+    if rollback is not None:
+        serves = rollback.get("previous_stack_serves")
+        summary = rollback.get("message") or rollback.get("error", "")
+        if rollback.get("downtime_s") is not None:
+            summary += f" (downtime {rollback['downtime_s']} s)"
+        table.add_row("rollback", output.status("ok" if serves else "fail"), summary)
+    table.add_row("verdict", output.status(report["verdict"]), report["message"])
+    output.out.print(table)
+    output.out.print(f"gate: [bold]{report['verdict']}[/] (exit {report['exit_code']}) in {report['elapsed_s']}s")
+
+
+def gate(
+    profile: base.ProfileOpt,
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", help="the deploy run being gated (default: a new id)")
+    ] = None,
+    state_dir: base.StateDirOpt = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="base URL (default: http://127.0.0.1:<the profile's port>)")
+    ] = None,
+    unit: base.UnitOpt = layout.UNIT_NAME,
+    startup_log: Annotated[
+        Path | None, typer.Option("--startup-log", help="read a saved engine log instead of the unit's journal")
+    ] = None,
+    rollback: Annotated[bool, typer.Option(help="restore the previous stack when the gate fails")] = True,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Gate a deployed stack: the DFlash startup-log check, the smoke checks and, on failure,
+    the rollback (restore what this run replaced, prove the previous stack serves).
+
+    Writes <state>/runs/<run-id>/gate.json on every exit path; points <state>/verified at the
+    run when it passes. Exit 0 pass, 1 fail, 2 could not test, 3 inconclusive, 4 failed and
+    the previous stack was not proven to serve, 130 interrupted. The API key, when the server
+    needs one, is read from $SPECDEPLOY_API_KEY (never argv).
+    """
+    options = gate_run.GateOptions(
+        endpoint=endpoint,
+        unit=unit,
+        log_file=startup_log,
+        rollback=rollback,
+        api_key=os.environ.get("SPECDEPLOY_API_KEY") or None,
+        show_progress=sys.stderr.isatty(),
+    )
+    host = base.host_layout(state_dir=state_dir)
+    report = gate_run.run_gate(resolve_profile_path(profile), host, run_id or gate_run.new_run_id(), options)
+    data = report.to_json() | {"report": str(report.directory / gate_run.REPORT)}
+    output.emit(data, as_json, lambda: print_gate(data))
+    raise typer.Exit(report.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gate")(gate)

@@ -1,0 +1,111 @@
+"""`specdeploy image build|ensure|check`: engine images from the profile's pins, proven by labels."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from specdeploy.cli import base, output
+from specdeploy.images import build, ensure
+from specdeploy.profile import load_profile
+
+image_app = base.group("Build and check engine images from the profile's pins.")
+DriverOpt = Annotated[str | None, typer.Option(help="host NVIDIA driver version, to refuse a CUDA it cannot run")]
+
+
+@image_app.command("build")
+def image_build(
+    profile: base.ProfileOpt,
+    context: Annotated[Path, typer.Option(help="build context: the specdeploy checkout")] = Path("."),
+    lock: base.LockOpt = None,
+    podman: base.PodmanOpt = "podman",
+    driver: DriverOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the podman command, build nothing")] = False,
+) -> None:
+    """Build the profile's image with every build arg taken from the profile.
+
+    Refuses a known-bad version or commit with the reason; resolves the base image digest
+    and the PR merge-base on first use and records them in the lock.
+    """
+    result = build.build(
+        load_profile(profile),
+        lock=base.lock_at(lock),
+        context=context,
+        podman=podman,
+        dry_run=dry_run,
+        driver_version=driver,
+    )
+    if dry_run:
+        output.out.print(shlex.join(result.argv), highlight=False)
+    else:
+        output.out.print(f"[green]built {result.tag}[/] (id {result.image_id})")
+
+
+@image_app.command("ensure")
+def image_ensure(
+    profile: base.ProfileOpt,
+    source: Annotated[str, typer.Option(help="build (from the Containerfiles), pull (by digest) or archive")],
+    context: Annotated[Path | None, typer.Option(help="build context holding the Containerfiles")] = None,
+    archive: Annotated[Path | None, typer.Option(help="an image archive (podman save) for air-gapped hosts")] = None,
+    lock: base.LockOpt = None,
+    podman: base.PodmanOpt = "podman",
+    driver: DriverOpt = None,
+) -> None:
+    """Make the profile's image present (build, pull by digest or load an archive), check its
+    labels against the profile, and print JSON {changed, reference, ...} for Ansible.
+
+    Exit 0 when the image is present and its labels match, 1 when they do not.
+    """
+    p = load_profile(profile)
+    ensured = ensure.ensure(
+        p,
+        source=source,
+        lock=base.lock_at(lock),
+        context=context,
+        archive=archive,
+        podman=podman,
+        driver_version=driver,
+    )
+    bad = [r.__dict__ for r in ensured.labels if not r.ok]
+    summary = {
+        "changed": ensured.changed,
+        "action": ensured.action,
+        "tag": ensured.tag,
+        "reference": ensured.reference,
+        "image_id": ensured.image_id,
+        "label_mismatches": bad,
+    }
+    output.emit(summary, True, lambda: None)
+    if bad:
+        names = ", ".join(r["label"] for r in bad)
+        raise build.ImageError(f"{ensured.tag}: labels differ from profile {p.name}: {names}")
+
+
+@image_app.command("check")
+def image_check(
+    image: Annotated[str, typer.Argument(help="image reference or ID")],
+    profile: base.ProfileOpt,
+    lock: base.LockOpt = None,
+    podman: base.PodmanOpt = "podman",
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Compare a built image's OCI labels with the profile. Exit 0 when all match, 1 otherwise."""
+    rows = ensure.check(image, load_profile(profile), lock=base.lock_at(lock), podman=podman)
+    ok = all(r.ok for r in rows)
+
+    def table() -> Table:
+        t = Table("", "label", "expected", "found", title=f"image check {image}")
+        for r in rows:
+            t.add_row(output.MARKS[r.ok], r.label, r.expected, str(r.found))
+        return t
+
+    output.emit({"image": image, "ok": ok, "labels": [r.__dict__ for r in rows]}, as_json, table)
+    raise typer.Exit(0 if ok else 1)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(image_app, name="image")

