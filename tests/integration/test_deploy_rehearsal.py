@@ -1,11 +1,12 @@
 """`ansible-playbook deploy.yml -l rehearsal` over real SSH against a disposable systemd host:
 the CLI installed offline from a controller-built wheelhouse, preflight, the fixture weights
 copied, the drafter verified and written to the serving directory, the engine unit rendered
-from the profile and started by systemd, and the smoke gate passing on the host. Then, on the
-same host and in order: a second run changes nothing; one changed serve flag changes and
-restarts only the engine; a real bad variant (the random DFlash drafter) fails the gate and is
-rolled back to the stack that ran before, which is proven to serve; and preflight reads
-recorded real nvidia-smi outputs through a stand-in binary on the host.
+from the profile and started by systemd, and the gate passing on the host. The host keeps its
+models on a non-default directory (an inventory override, as a site with a data disk would).
+Then, on the same host and in order: a second run changes nothing; one changed serve flag
+changes and restarts only the engine; a real bad variant (the random DFlash drafter) fails the
+gate and is rolled back to the stack that ran before, which is proven to serve; and preflight
+reads recorded real nvidia-smi outputs through a stand-in binary on the host.
 
 The tests share one host and run in file order (each starts from the state the previous one
 left), because a deploy on vLLM-CPU takes minutes."""
@@ -22,11 +23,15 @@ from pathlib import Path
 import pytest
 from tests.support.testhost import Host, boot_host, rehearsal_host_image
 
+from specdeploy.core import layout
+from specdeploy.gate.run import new_run_id
 from specdeploy.profile import load_profile, resolve_profile_path
 from specdeploy.rehearsal import archive, deploy, variants
 
 pytestmark = [pytest.mark.testhost, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[2]
+MODELS = "/srv/specdeploy/models"  # not the layout's default: the inventory override must reach every stage
+DEFAULT = layout.HostLayout()
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +55,20 @@ def _playbook(
     *,
     profile: str = "cpu-rehearsal",
     profiles: Path = ROOT / "profiles",
-) -> subprocess.CompletedProcess[str]:
+) -> tuple[subprocess.CompletedProcess[str], dict | None]:
+    """One play, and its own gate report from the host (None when it never reached the gate)."""
+    run_id = new_run_id()
     argv = deploy.playbook_argv(
-        host, tmp_path / "hosts.ini", wheels=wheelhouse, archive=weights, profile=profile, profiles=profiles
+        host,
+        tmp_path / "hosts.ini",
+        wheels=wheelhouse,
+        archive=weights,
+        run_id=run_id,
+        profile=profile,
+        profiles=profiles,
+        extra_vars={"specdeploy_models_dir": MODELS},
     )
-    return deploy.run_playbook(argv, capture=True)
+    return deploy.run_playbook(argv, capture=True), deploy.gate_report(host, run_id)
 
 
 @pytest.fixture(scope="module")
@@ -67,27 +81,33 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_rehearsal_deploy_passes_the_smoke_gate_and_is_idempotent(
     host: Host, tmp_path: Path, wheelhouse: Path, weights: Path, cli: object
 ) -> None:
-    first = _playbook(host, tmp_path, wheelhouse, weights)
+    first, report = _playbook(host, tmp_path, wheelhouse, weights)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
     assert re.search(r"ok port: 8100 free", first.stdout), first.stdout[-3000:]
-    report = json.loads(host.ssh("cat /var/lib/specdeploy/state/smoke.json").stdout)
-    assert report["verdict"] == "pass" and report["exit_code"] == 0
-    assert host.ssh("systemctl is-active specdeploy-engine").stdout.strip() == "active"
-    assert (
-        host.ssh("test -L /var/lib/specdeploy/serving/drafter/model.safetensors && echo link").stdout.strip() == "link"
-    )
+    assert report is not None and report["verdict"] == "pass" and report["exit_code"] == 0
+    assert report["smoke"]["verdict"] == "pass" and report["verified"] is True
+    verified = host.ssh(f"readlink {DEFAULT.verified}").stdout.strip()
+    assert verified == f"runs/{report['run_id']}"
+    assert host.ssh(f"systemctl is-active {layout.UNIT_NAME}").stdout.strip() == "active"
+    link = f"{DEFAULT.drafter_serving}/model.safetensors"
+    assert host.ssh(f"test -L {link} && echo link").stdout.strip() == "link"
+    # the inventory's models directory reached every stage: weights, drafter links, the unit
+    assert MODELS in host.ssh(f"readlink {link}").stdout
+    assert f"--model {MODELS}/specdeploy-fixtures/tiny-qwen3" in host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout
+    assert host.ssh(f"test -e {DEFAULT.models} || echo absent").stdout.strip() == "absent"
 
-    second = _playbook(host, tmp_path, wheelhouse, weights)
+    second, again = _playbook(host, tmp_path, wheelhouse, weights)
     assert second.returncode == 0, second.stdout[-4000:]
+    assert again is not None and again["verdict"] == "pass" and again["run_id"] != report["run_id"]
     assert _changed_tasks(second.stdout) == []
     recap = re.search(r"changed=(\d+)", second.stdout.split("PLAY RECAP", 1)[1])
     assert recap and recap.group(1) == "0"
     # preflight ran against the running stack: the port is held by the engine it replaces
-    assert "ok port: 8100 held by the running specdeploy-engine" in second.stdout
+    assert f"ok port: 8100 held by the running {layout.UNIT_NAME}" in second.stdout
 
 
 def _engine_started(host: Host) -> str:
-    return host.ssh("systemctl show -p ActiveEnterTimestampMonotonic --value specdeploy-engine").stdout.strip()
+    return host.ssh(f"systemctl show -p ActiveEnterTimestampMonotonic --value {layout.UNIT_NAME}").stdout.strip()
 
 
 def _profiles_with(tmp_path: Path, *extra: Path) -> Path:
@@ -108,7 +128,7 @@ def test_one_serve_flag_changes_and_restarts_only_the_engine(
     (profiles / "cpu-rehearsal.yaml").write_text(text.replace("    max_model_len: 512\n", "    max_model_len: 448\n"))
     before = _engine_started(host)
 
-    run = _playbook(host, tmp_path, wheelhouse, weights, profiles=profiles)
+    run, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=profiles)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     # The new profile file lands on the host; of the stack, only the engine unit changes,
     # and the only restart is the engine's (weights, drafter config, CLI: all unchanged).
@@ -118,9 +138,9 @@ def test_one_serve_flag_changes_and_restarts_only_the_engine(
         "engine : Restart the engine",
     ]
     assert _engine_started(host) != before
-    unit = host.ssh("cat /etc/systemd/system/specdeploy-engine.service").stdout
+    unit = host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout
     assert "--max-model-len 448" in unit
-    assert json.loads(host.ssh("cat /var/lib/specdeploy/state/smoke.json").stdout)["verdict"] == "pass"
+    assert report is not None and report["verdict"] == "pass"
 
 
 def test_a_failed_gate_rolls_back_to_the_previous_stack(
@@ -131,32 +151,31 @@ def test_a_failed_gate_rolls_back_to_the_previous_stack(
     come back, the previous engine restarts and passes its own smoke gate."""
     bad = variants.materialize(variants.dflash(load_profile("cpu-rehearsal"), port=8100), tmp_path / "variant")
     profiles = _profiles_with(tmp_path, bad)
-    unit_before = host.ssh("cat /etc/systemd/system/specdeploy-engine.service").stdout
-    config_before = host.ssh("cat /var/lib/specdeploy/serving/drafter/config.json").stdout
+    unit_file = layout.UNIT_FILES["venv"]
+    unit_before = host.ssh(f"cat {unit_file}").stdout
+    config_before = host.ssh(f"cat {DEFAULT.drafter_serving}/config.json").stdout
+    verified_before = host.ssh(f"readlink {DEFAULT.verified}").stdout
 
-    run = _playbook(host, tmp_path, wheelhouse, weights, profile=bad.stem, profiles=profiles)
+    run, failed = _playbook(host, tmp_path, wheelhouse, weights, profile=bad.stem, profiles=profiles)
     assert run.returncode != 0, run.stdout[-4000:]
+    assert "the gate did not pass" in run.stdout, run.stdout[-5000:]
+    assert failed is not None, run.stdout[-5000:]
     # the gate read the real journal first: vLLM wired the DFlash taps as the profile says
-    assert "auxiliary layers (1, 3) = target_layer_ids + 1" in run.stdout, run.stdout[-5000:]
-    assert "Restore what this run replaced" in run.stdout
-    assert "previous stack serves: True" in run.stdout, run.stdout[-5000:]
-
-    failed = json.loads(host.ssh("cat /var/lib/specdeploy/state/smoke.json").stdout)
-    assert failed["profile"] == bad.stem and failed["verdict"] == "fail"
-    outcome = json.loads(host.ssh("cat /var/lib/specdeploy/state/rollback.json").stdout)
+    assert failed["startup_log"]["ok"] is True and failed["startup_log"]["found"] == [1, 3]
+    assert failed["profile"] == bad.stem and failed["verdict"] == "fail" and failed["exit_code"] == 1
+    assert failed["smoke"]["verdict"] == "fail" and failed["verified"] is False
+    outcome = failed["rollback"]
     assert outcome["previous_stack_serves"] is True
     assert outcome["smoke"]["verdict"] == "pass" and outcome["smoke"]["profile"] == "cpu-rehearsal"
-    assert set(outcome["restored"]) == {
-        "/etc/systemd/system/specdeploy-engine.service",
-        "/var/lib/specdeploy/serving/drafter",
-    }
+    assert set(outcome["restored"]) == {str(unit_file), str(DEFAULT.drafter_serving)}
     assert 0 < outcome["downtime_s"] < 900
-    # exactly what ran before is back, and serving
-    assert host.ssh("cat /etc/systemd/system/specdeploy-engine.service").stdout == unit_before
-    assert host.ssh("cat /var/lib/specdeploy/serving/drafter/config.json").stdout == config_before
-    assert host.ssh("systemctl is-active specdeploy-engine").stdout.strip() == "active"
+    # exactly what ran before is back, and serving; verified/ still names the last passing run
+    assert host.ssh(f"cat {unit_file}").stdout == unit_before
+    assert host.ssh(f"cat {DEFAULT.drafter_serving}/config.json").stdout == config_before
+    assert host.ssh(f"systemctl is-active {layout.UNIT_NAME}").stdout.strip() == "active"
+    assert host.ssh(f"readlink {DEFAULT.verified}").stdout == verified_before
     # the failed variant's serving directory is kept for diagnosis
-    kept = host.ssh("cat /var/lib/specdeploy/state/rollback/failed/*/config.json", check=False).stdout
+    kept = host.ssh(f"cat {DEFAULT.rollback}/failed/*/config.json", check=False).stdout
     assert "DFlashDraftModel" in kept
 
 
@@ -188,7 +207,7 @@ def test_preflight_reads_recorded_real_nvidia_smi_outputs_on_the_host(
     profile = resolve_profile_path("a6000-dflash")
     subprocess.run(["podman", "cp", str(profile), f"{name}:/opt/standin/a6000-dflash.yaml"], check=True)
     done = host.ssh(
-        "/opt/specdeploy/venv/bin/specdeploy preflight --profile /opt/standin/a6000-dflash.yaml --json "
+        f"{layout.InstallLayout().to_json()['cli']} preflight --profile /opt/standin/a6000-dflash.yaml --json "
         f"--weights-source archive --nvidia-smi /opt/standin/{record}/nvidia-smi",
         check=False,
     )

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.support.testhost import Host, boot_host
+from tests.support.testhost import Host
 
 from specdeploy.core import layout
 from specdeploy.engine import args as engine_args
@@ -22,10 +21,9 @@ from specdeploy.profile import load_profile
 pytestmark = pytest.mark.testhost
 
 
-@pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
-    with boot_host("specdeploy-th-units", 2302, tmp_path_factory.mktemp("units")) as h:
-        yield h
+@pytest.fixture
+def host(trixie_host: Host) -> Host:
+    return trixie_host
 
 
 def _put(host: Host, text: str, path: str) -> None:

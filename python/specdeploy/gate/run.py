@@ -153,12 +153,6 @@ def new_run_id() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
 
 
-def read_report(host: layout.HostLayout, run_id: str) -> dict[str, Any] | None:
-    """A run's gate.json, or None when that run never reached the gate."""
-    path = host.runs / run_id / REPORT
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def _start(profile_file: Path, profile: Profile, host: layout.HostLayout, run_id: str, endpoint: str) -> GateReport:
     if not run_id or "/" in run_id or run_id.startswith("."):
         raise SpecdeployError(f"run id {run_id!r} is not a plain name", hint="use letters, digits, '-', '_' or '.'")
