@@ -14,7 +14,6 @@ from rich.table import Table
 from specdeploy.cli import base, output
 from specdeploy.cli.smoke import print_smoke
 from specdeploy.core import layout
-from specdeploy.gate import run as gate_run
 from specdeploy.profile import resolve_profile_path
 
 
@@ -65,6 +64,8 @@ def gate(
     the previous stack was not proven to serve, 130 interrupted. The API key, when the server
     needs one, is read from $SPECDEPLOY_API_KEY (never argv).
     """
+    from specdeploy.gate import run as gate_run  # the smoke's clients and statistics: only when gating
+
     options = gate_run.GateOptions(
         endpoint=endpoint,
         unit=unit,

@@ -9,7 +9,6 @@ import typer
 from rich.table import Table
 
 from specdeploy.cli import base, output
-from specdeploy.cli.gate import print_gate
 from specdeploy.cli.output import out
 from specdeploy.core.cache import cache_dir
 from specdeploy.core.errors import ProfileError
@@ -131,6 +130,7 @@ def deploy_cmd(
 
     Exit: the gate's (0 pass; README "Exit codes"), or the playbook's when it stopped before the gate.
     """
+    from specdeploy.cli.gate import print_gate
     from specdeploy.rehearsal import deploy
 
     run = deploy.main_job(remove_host=remove_host)

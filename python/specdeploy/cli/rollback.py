@@ -11,7 +11,6 @@ from rich.table import Table
 
 from specdeploy.cli import base, output
 from specdeploy.core import atomic, layout
-from specdeploy.rollback import restore
 
 rollback_app = base.group("Put back what a failed deploy replaced, and prove it serves.")
 
@@ -28,6 +27,8 @@ def rollback_restore(
 
     Exit 0 when the previous stack serves again (its smoke gate passes), 1 otherwise.
     """
+    from specdeploy.rollback import restore  # proving runs the smoke: imported only here
+
     outcome = restore.restore_and_prove(base.host_layout(state_dir=state_dir), run_id, unit=unit)
     data = outcome.to_json()
 

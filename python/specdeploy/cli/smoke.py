@@ -1,4 +1,7 @@
-"""`specdeploy smoke`: the smoke checks against an endpoint, by hand (the deploy runs `gate`)."""
+"""`specdeploy smoke`: the smoke checks against an endpoint, by hand (the deploy runs `gate`).
+
+Heavy stage modules are imported inside the commands that use them: every other command
+(Ansible calls several per deploy) starts without loading numpy and the HTTP clients."""
 
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ from rich.table import Table
 from specdeploy.cli import base, output
 from specdeploy.core import atomic
 from specdeploy.profile import load_profile
-from specdeploy.smoke import stages
 
 
 def smoke_table(report: dict[str, Any]) -> Table:
@@ -49,6 +51,8 @@ def smoke(
     Exit 0 pass, 1 fail, 2 could not test (unreachable, server error), 3 inconclusive.
     The API key, when the server needs one, is read from $SPECDEPLOY_API_KEY (never argv).
     """
+    from specdeploy.smoke import stages  # numpy, httpx: only when a smoke runs
+
     options = stages.SmokeOptions(
         golden=golden,
         record_golden=record_golden,
