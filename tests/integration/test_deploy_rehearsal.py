@@ -73,9 +73,10 @@ def _playbook(
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture models as the main job ships them: one tar of the <org>/<name> layout."""
     dest = tmp_path_factory.mktemp("weights")
-    archive.export(dest)
-    return dest
+    archive.export(dest / "models")
+    return archive.pack(dest / "models", dest / "weights.tar")
 
 
 def test_rehearsal_deploy_passes_the_smoke_gate_and_is_idempotent(

@@ -27,6 +27,7 @@ def deploy_facts(profile: Profile, host: layout.HostLayout, install: layout.Inst
         "target_download": str(host.download(profile.target.repo)),
         "drafter_download": str(host.download(drafter.repo)) if drafter else None,
         "image_archive": str(host.state / "image.tar"),
+        "weights_archive": str(host.state / "weights.tar"),
     }
     return {
         "profile": {

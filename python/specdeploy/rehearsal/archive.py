@@ -1,15 +1,19 @@
 """The rehearsal's weights archive: its fixture models laid out as `<org>/<name>`.
 
 That is the layout `specdeploy fetch` leaves under `models/` on a host, so the play's
-`weights_source=archive` path copies it as is. Each repository is copied into a sibling
+`weights_source=archive` path unpacks it as is. Each repository is copied into a sibling
 temporary directory and renamed into place: an interrupted export never leaves a
-half-copied model where a finished one was.
+half-copied model where a finished one was. `pack` makes one tar of it with fixed names,
+times and owners, rewritten only when a byte changed: the play copies one file (one
+checksum a side) instead of a round trip per model file, and a re-run copies nothing.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -70,3 +74,27 @@ def _replace(new: Path, final: Path) -> None:
     os.rename(new, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def pack(directory: Path, tar: Path) -> Path:
+    """`directory` as a reproducible tar at `tar` (sorted, mtime 0, root-owned); rewritten
+    atomically, and only when its bytes would differ."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for path in sorted(directory.rglob("*")):
+            if path.name.startswith("."):
+                continue
+            info = archive.gettarinfo(str(path), arcname=str(path.relative_to(directory)))
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "root", "root"
+            info.mode = 0o755 if path.is_dir() else 0o644
+            if path.is_file():
+                with path.open("rb") as fh:
+                    archive.addfile(info, fh)
+            else:
+                archive.addfile(info)
+    data = buffer.getvalue()
+    if not (tar.is_file() and tar.read_bytes() == data):
+        tmp = tar.with_name(f".{tar.name}.partial")
+        tmp.write_bytes(data)
+        os.replace(tmp, tar)
+    return tar

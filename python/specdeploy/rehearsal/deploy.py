@@ -67,10 +67,10 @@ def wheelhouse() -> Path:
 
 
 def weights() -> Path:
-    """The rehearsal's fixture models laid out as <org>/<name> (the archive the play copies)."""
+    """The rehearsal's fixture models laid out as <org>/<name>, as one tar (the archive the play unpacks)."""
     dest = cache_dir() / "rehearsal-weights"
     archive.export(dest)
-    return dest
+    return archive.pack(dest, cache_dir() / "rehearsal-weights.tar")
 
 
 def host() -> hosts.Host:

