@@ -2,8 +2,9 @@
 # The main job: set up (or reuse) everything, then deploy the `cpu-rehearsal` profile with
 # `ansible-playbook deploy.yml -l rehearsal` over real SSH to a disposable systemd host
 # (a podman container booted from a cached Debian image; created when missing, reused when
-# running) and print the smoke gate's report. Exit code: the playbook's if it failed before
-# the gate, else the smoke verdict's (0 pass, 1 fail, 2 could not test, 3 inconclusive).
+# running) and print this run's gate report. Exit code: the gate's (0 pass, 1 fail, 2 could
+# not test, 3 inconclusive, 4 not rolled back to a serving stack; README "Exit codes"), or 2
+# when the play stopped before the gate.
 # Extra arguments go to `specdeploy rehearsal deploy` (e.g. --remove-host).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from specdeploy.core import layout
 from specdeploy.gate import run as gate
@@ -97,3 +98,24 @@ def test_old_runs_are_pruned_but_the_verified_one_is_kept(tmp_path: Path) -> Non
     gate.run_gate(_profile(tmp_path), host, "new", gate.GateOptions(endpoint=CLOSED, rollback=False))
     left = sorted(p.name for p in host.runs.iterdir())
     assert "new" in left and "old-00" in left and len(left) == gate.KEEP_RUNS + 1
+
+
+def test_a_restore_that_breaks_midway_is_a_failed_rollback_not_a_crash(tmp_path: Path) -> None:
+    host = layout.HostLayout(state=tmp_path / "state")
+
+    def prove(h: layout.HostLayout, run_id: str) -> restore.Outcome:
+        raise OSError(28, "No space left on device")
+
+    report = gate.run_gate(_profile(tmp_path), host, "r6", gate.GateOptions(endpoint=CLOSED), prove=prove)
+    assert report.exit_code == 4 and "OSError" in report.rollback["error"]
+    assert json.loads((host.runs / "r6" / "gate.json").read_text())["smoke"]["verdict"] == "error"
+
+
+def test_an_invalid_profile_still_leaves_this_runs_report(tmp_path: Path, cli: Any) -> None:
+    bad = tmp_path / "cpu-rehearsal.yaml"
+    bad.write_text("schema_version: 1\nname: cpu-rehearsal\n")
+    state = tmp_path / "state"
+    result = cli("gate", "--profile", bad, "--state-dir", state, "--run-id", "r7")
+    assert result.exit_code == 2 and "invalid profile" in result.stderr
+    on_disk = json.loads((state / "runs" / "r7" / "gate.json").read_text())
+    assert on_disk["verdict"] == "error" and on_disk["exit_code"] == 2 and "could not gate" in on_disk["message"]

@@ -102,11 +102,22 @@ def test_the_import_graph_has_no_cycle() -> None:
     assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def test_imports_are_absolute() -> None:
+    """The graph reads `specdeploy.` imports; a relative import would slip past it."""
+    relative = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    ]
+    assert relative == []
+
+
 def test_the_graph_check_catches_an_upward_import(tmp_path: Path) -> None:
     """The checker itself: an engine module importing the gate is found."""
     bad = tmp_path / "bad.py"
-    bad.write_text("from specdeploy.gate import run\n")
-    assert _imports(bad, _modules()) == {"specdeploy.gate.run"}
+    bad.write_text("def f():\n    import specdeploy.gate.run\n    from specdeploy.rollback import restore\n")
+    assert _imports(bad, _modules()) == {"specdeploy.gate.run", "specdeploy.rollback.restore"}
     assert _stage("specdeploy.engine.units") < _stage("specdeploy.gate.run")
 
 

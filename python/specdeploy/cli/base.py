@@ -54,8 +54,9 @@ class Boundary(Group):
             if debug:
                 output.err.print("".join(traceback.format_exception(exc)), highlight=False, markup=False)
             hint = "with the traceback above" if debug else "with the traceback that --debug prints"
+            what = " ".join(str(exc).split())  # one line, whatever the exception's message holds
             output.err.print(
-                f"internal error in {command}: {type(exc).__name__}: {exc} — a bug in specdeploy: please report it "
+                f"internal error in {command}: {type(exc).__name__}: {what} — a bug in specdeploy: please report it "
                 f"{hint}",
                 highlight=False,
                 markup=False,
@@ -89,6 +90,11 @@ StateDirOpt = Annotated[str | None, typer.Option(help="state directory on the ho
 CacheDirOpt = Annotated[
     str | None, typer.Option(help="engine cache directory on the host (default: the host layout's)")
 ]
+
+
+# An input file the command reads: missing, a directory or unreadable is a usage error (exit 2)
+# that names the option, never a traceback.
+InputFile = {"exists": True, "dir_okay": False, "readable": True}
 
 
 def lock_at(path: Path | None) -> Lock:

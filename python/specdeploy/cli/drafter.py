@@ -24,7 +24,11 @@ def _report_table(report: verify.Report) -> Table:
     table = Table("", "field", "expected", "found", "consequence", title=f"verify-config {report.path}")
     for c in report.checks:
         table.add_row(
-            output.MARKS[c.ok], c.field, output.text(c.expected), output.text(c.found), "" if c.ok else c.consequence
+            output.MARKS[c.ok],
+            output.text(c.field),
+            output.text(c.expected),
+            output.text(c.found),
+            "" if c.ok else output.text(c.consequence),
         )
     return table
 

@@ -43,7 +43,7 @@ def unit_render(
 
 @unit_app.command("install")
 def unit_install(
-    dest: Annotated[Path, typer.Argument(help="/etc/containers/systemd or /etc/systemd/system")],
+    dest: Annotated[Path, typer.Argument(help="the unit directory (`specdeploy facts`: unit.dir)")],
     profile: base.ProfileOpt,
     image: ImageOpt = None,
     models_dir: base.ModelsDirOpt = None,
@@ -67,7 +67,9 @@ def unit_install(
 def startup_log_check(
     profile: base.ProfileOpt,
     unit: Annotated[str | None, typer.Option(help="read the unit's journal since its current start")] = None,
-    log_file: Annotated[Path | None, typer.Option("--file", help="read a saved engine log instead")] = None,
+    log_file: Annotated[
+        Path | None, typer.Option("--file", help="read a saved engine log instead", **base.InputFile)
+    ] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the line (with --unit)")] = 900,
     as_json: base.JsonOpt = False,
 ) -> None:
@@ -87,7 +89,11 @@ def startup_log_check(
         assert unit is not None
         check = startup_log.check_unit(p, unit, timeout_s=timeout)
     data = {"ok": check.ok, "expected": check.expected, "found": check.found, "message": check.message}
-    output.emit(data, as_json, lambda: output.out.print(f"{output.MARKS[check.ok]} {check.message}", highlight=False))
+    output.emit(
+        data,
+        as_json,
+        lambda: output.out.print(f"{output.MARKS[check.ok]} {output.text(check.message)}", highlight=False),
+    )
     raise typer.Exit(0 if check.ok else 1)
 
 

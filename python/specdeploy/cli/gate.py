@@ -25,7 +25,7 @@ def print_gate(report: dict[str, Any]) -> None:
     startup = report.get("startup_log")
     if startup is not None:
         result = "skipped" if startup.get("skipped") else ("ok" if startup["ok"] else "fail")
-        table.add_row("startup log", output.status(result), startup["message"])
+        table.add_row("startup log", output.status(result), output.text(startup["message"]))
     if report.get("smoke"):
         table.add_row("smoke", output.status(report["smoke"]["verdict"]), f"exit {report['smoke']['exit_code']}")
     rollback = report.get("rollback")
@@ -34,8 +34,8 @@ def print_gate(report: dict[str, Any]) -> None:
         summary = rollback.get("message") or rollback.get("error", "")
         if rollback.get("downtime_s") is not None:
             summary += f" (downtime {rollback['downtime_s']} s)"
-        table.add_row("rollback", output.status("ok" if serves else "fail"), summary)
-    table.add_row("verdict", output.status(report["verdict"]), report["message"])
+        table.add_row("rollback", output.status("ok" if serves else "fail"), output.text(summary))
+    table.add_row("verdict", output.status(report["verdict"]), output.text(report["message"]))
     output.out.print(table)
     output.out.print(f"gate: [bold]{report['verdict']}[/] (exit {report['exit_code']}) in {report['elapsed_s']}s")
 
@@ -51,7 +51,8 @@ def gate(
     ] = None,
     unit: base.UnitOpt = layout.UNIT_NAME,
     startup_log: Annotated[
-        Path | None, typer.Option("--startup-log", help="read a saved engine log instead of the unit's journal")
+        Path | None,
+        typer.Option("--startup-log", help="read a saved engine log instead of the unit's journal", **base.InputFile),
     ] = None,
     rollback: Annotated[bool, typer.Option(help="restore the previous stack when the gate fails")] = True,
     as_json: base.JsonOpt = False,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +11,7 @@ from rich.table import Table
 from specdeploy.cli import base, output
 from specdeploy.host import preflight as checks
 from specdeploy.profile import load_profile
+from specdeploy.weights.fetch import read_token
 
 
 def preflight(
@@ -21,14 +21,14 @@ def preflight(
     podman: base.PodmanOpt = "podman",
     weights_source: Annotated[str, typer.Option(help="hub or archive (no token needed)")] = "hub",
     models_dir: base.ModelsDirOpt = None,
-    token_file: Annotated[Path | None, typer.Option(help="a file holding the hub token")] = None,
+    token_file: Annotated[
+        Path | None, typer.Option(help="a file holding the hub token (mode 600)", **base.InputFile)
+    ] = None,
 ) -> None:
     """Check the host can run the profile: GPUs, compute capability, driver, NVLink, disk,
     podman, port, hub token. Exit 0 when nothing fails (warnings allowed), 1 otherwise."""
     p = load_profile(profile)
-    token = bool(os.environ.get("HF_TOKEN")) or bool(
-        token_file and token_file.is_file() and token_file.read_text().strip()
-    )
+    token = read_token(token_file) is not None  # the same rules as the fetch: mode 600, else $HF_TOKEN
     options = checks.Options(
         nvidia_smi=nvidia_smi,
         podman=podman,
@@ -41,7 +41,7 @@ def preflight(
     def table() -> Table:
         t = Table("check", "", "found", "needs", "fix", title=f"preflight: {p.name}")
         for c in report.checks:
-            t.add_row(c.name, output.status(c.level), c.found, c.expected, c.fix)
+            t.add_row(c.name, output.status(c.level), *(output.text(v) for v in (c.found, c.expected, c.fix)))
         return t
 
     output.emit(report.to_json(), as_json, table)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from specdeploy.core.errors import SpecdeployError
@@ -47,8 +48,9 @@ def emit(data: Any, as_json: bool, table: Callable[[], Table | None]) -> None:
 
 
 def text(value: Any) -> str:
-    """A cell: strings as they are, anything else as compact JSON."""
-    return value if isinstance(value, str) else json.dumps(value)
+    """A table cell or message part: strings as they are, anything else as compact JSON, with
+    rich's markup escaped (a source in brackets, "[vllm#41190]", must print, not vanish)."""
+    return escape(value if isinstance(value, str) else json.dumps(value))
 
 
 def status(value: str) -> str:
@@ -57,6 +59,6 @@ def status(value: str) -> str:
 
 
 def error(exc: SpecdeployError) -> None:
-    err.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+    err.print(f"[bold red]error:[/] {text(exc.message)}", highlight=False)
     if exc.hint:
-        err.print(f"  [bold]fix:[/] {exc.hint}", highlight=False)
+        err.print(f"  [bold]fix:[/] {text(exc.hint)}", highlight=False)

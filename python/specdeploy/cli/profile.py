@@ -53,7 +53,7 @@ def profile_show(name: str, as_json: base.JsonOpt = False) -> None:
         t = Table("pin", "value", "provenance", "source", title="pins")
         for path, pin in iter_pins(p):
             value = output.text(pin.value) if pin.resolved else "-"
-            t.add_row(path, value, pin.provenance.value, pin.source, style=None if pin.resolved else "red")
+            t.add_row(path, value, pin.provenance.value, output.text(pin.source), style=None if pin.resolved else "red")
         return t
 
     output.emit(data, as_json, table)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +9,7 @@ import typer
 from rich.table import Table
 
 from specdeploy.cli import base, output
+from specdeploy.cli.smoke import smoke_table
 from specdeploy.core import atomic, layout
 
 rollback_app = base.group("Put back what a failed deploy replaced, and prove it serves.")
@@ -45,12 +45,12 @@ def rollback_restore(
         ):
             t.add_row(key, output.text(data[key]))
         output.out.print(t)
-        for stage in (outcome.smoke or {}).get("stages", []):
-            output.out.print(f"  {stage['name']}: {stage['status']} - {stage['summary']}", highlight=False)
+        if outcome.smoke:
+            output.out.print(smoke_table(outcome.smoke))
 
     output.emit(data, False, table)
     if json_path is not None:
-        atomic.write_bytes(json_path, (json.dumps(data, indent=2) + "\n").encode())
+        atomic.write_json(json_path, data)
     raise typer.Exit(0 if outcome.serves else 1)
 
 

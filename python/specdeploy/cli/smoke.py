@@ -5,7 +5,6 @@ Heavy stage modules are imported inside the commands that use them: every other 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -23,14 +22,14 @@ def smoke_table(report: dict[str, Any]) -> Table:
     """The smoke report (its JSON form) as a table, with its diagnosis and verdict after it."""
     table = Table("stage", "result", "summary", title=f"smoke {report['profile']} @ {report['endpoint']}")
     for stage in report["stages"]:
-        table.add_row(stage["name"], output.status(stage["status"]), stage["summary"])
+        table.add_row(stage["name"], output.status(stage["status"]), output.text(stage["summary"]))
     return table
 
 
 def print_smoke(report: dict[str, Any]) -> None:
     output.out.print(smoke_table(report))
     for line in report["diagnosis"]:
-        output.out.print(f"[bold]diagnosis:[/] {line}", highlight=False)
+        output.out.print(f"[bold]diagnosis:[/] {output.text(line)}", highlight=False)
     output.out.print(
         f"verdict: [bold]{report['verdict']}[/] (exit {report['exit_code']}) in {report['elapsed_s']:.1f}s"
     )
@@ -40,7 +39,7 @@ def smoke(
     endpoint: Annotated[str, typer.Option("--endpoint", help="base URL, e.g. http://127.0.0.1:8000")],
     profile: base.ProfileOpt,
     json_path: Annotated[Path | None, typer.Option("--json", help="also write the report as JSON here")] = None,
-    golden: Annotated[Path | None, typer.Option(help="compare with a golden transcript")] = None,
+    golden: Annotated[Path | None, typer.Option(help="compare with a golden transcript", **base.InputFile)] = None,
     record_golden: Annotated[
         Path | None, typer.Option(help="record a golden transcript (at a verified deploy)")
     ] = None,
@@ -63,7 +62,7 @@ def smoke(
     report = stages.run(load_profile(profile), endpoint, options).to_json()
     print_smoke(report)
     if json_path is not None:
-        atomic.write_bytes(json_path, (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode())
+        atomic.write_json(json_path, report)
     raise typer.Exit(report["exit_code"])
 
 

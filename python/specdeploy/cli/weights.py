@@ -20,7 +20,7 @@ def fetch(
     lock: base.LockOpt = None,
     endpoint: Annotated[str | None, typer.Option(help="hub or site mirror (default: $HF_ENDPOINT or the hub)")] = None,
     token_file: Annotated[
-        Path | None, typer.Option(help="file holding the HF token (mode 600); else $HF_TOKEN")
+        Path | None, typer.Option(help="file holding the HF token (mode 600); else $HF_TOKEN", **base.InputFile)
     ] = None,
     only: Annotated[str | None, typer.Option(help="fetch only 'target' or 'drafter'")] = None,
     as_json: base.JsonOpt = False,

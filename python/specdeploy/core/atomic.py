@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from specdeploy.core.errors import WriteError
 
@@ -66,6 +68,12 @@ def write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
         if tmp_name is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp_name)
+
+
+def write_json(path: Path, data: Any, *, sort_keys: bool = False, mode: int = 0o644) -> None:
+    """Atomically replace `path` with `data` as indented JSON (UTF-8, trailing newline)."""
+    text = json.dumps(data, indent=2, sort_keys=sort_keys, ensure_ascii=False) + "\n"
+    write_bytes(path, text.encode("utf-8"), mode)
 
 
 def symlink(path: Path, target: Path) -> None:

@@ -111,7 +111,7 @@ class Keeper:
             copy = str(self.directory / "copies" / str(len(record.entries)))
             staged.copy_path.rename(copy)
         record.entries.append(Entry(str(staged.path), staged.kind, staged.saved_at, copy))
-        atomic.write_bytes(self.directory / RUN_FILE, json.dumps(_to_json(record), indent=2).encode())
+        atomic.write_json(self.directory / RUN_FILE, _to_json(record))
 
 
 @dataclass

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import shutil
 import signal
 import time
@@ -30,7 +29,7 @@ from types import FrameType
 from typing import Any
 
 from specdeploy.core import atomic, layout
-from specdeploy.core.errors import EXIT_INTERRUPTED, SpecdeployError
+from specdeploy.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, SpecdeployError
 from specdeploy.engine import startup_log
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rollback import restore
@@ -109,9 +108,15 @@ class GateReport:
     rollback: dict[str, Any] | None = None
     verified: bool = False
     finished_at: str | None = None
+    rolling_back: bool = False
+    # Set when the gate could not run at all: the CLI's exit code for that error (a bad
+    # profile: 2; a bug in specdeploy: 70), so the report and the process agree.
+    error_exit: int | None = None
 
     @property
     def exit_code(self) -> int:
+        if self.error_exit is not None:
+            return self.error_exit
         if self.verdict is Verdict.running:
             return EXIT_CODES[Verdict.interrupted]
         if self.verdict is not Verdict.passed and self.rollback is not None and self.rollback_left_no_stack:
@@ -145,15 +150,15 @@ class GateReport:
         }
 
     def write(self) -> None:
-        text = json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n"
-        atomic.write_bytes(self.directory / REPORT, text.encode())
+        atomic.write_json(self.directory / REPORT, self.to_json())
 
 
 def new_run_id() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
 
 
-def _start(profile_file: Path, profile: Profile, host: layout.HostLayout, run_id: str, endpoint: str) -> GateReport:
+def _claim(host: layout.HostLayout, run_id: str) -> Path:
+    """The run's own directory; a run is gated once, so an existing report is never overwritten."""
     if not run_id or "/" in run_id or run_id.startswith("."):
         raise SpecdeployError(f"run id {run_id!r} is not a plain name", hint="use letters, digits, '-', '_' or '.'")
     directory = host.runs / run_id
@@ -163,13 +168,14 @@ def _start(profile_file: Path, profile: Profile, host: layout.HostLayout, run_id
             hint="each deploy run is gated once; start a new run (a new --run-id)",
         )
     atomic.ensure_dir(directory)
-    # What this run is gated with, kept beside its report (and so in verified/ when it passes).
-    atomic.write_bytes(directory / f"{profile.name}.yaml", profile_file.read_bytes())
+    return directory
+
+
+def _keep_inputs(report: GateReport, profile_file: Path, profile: Profile, host: layout.HostLayout) -> None:
+    """What this run is gated with, kept beside its report (and so in verified/ when it passes)."""
+    atomic.write_bytes(report.directory / f"{profile.name}.yaml", profile_file.read_bytes())
     if host.lock.is_file():
-        atomic.write_bytes(directory / host.lock.name, host.lock.read_bytes())
-    report = GateReport(run_id, profile.name, str(profile_file), endpoint, directory)
-    report.write()
-    return report
+        atomic.write_bytes(report.directory / host.lock.name, host.lock.read_bytes())
 
 
 def _check_startup_log(profile: Profile, options: GateOptions) -> dict[str, Any]:
@@ -190,9 +196,18 @@ def _check_startup_log(profile: Profile, options: GateOptions) -> dict[str, Any]
 
 
 def _mark_verified(report: GateReport, host: layout.HostLayout) -> None:
-    """Point `<state>/verified` at this run's directory (one atomic symlink flip)."""
-    atomic.symlink(host.verified, report.directory.relative_to(host.state))
-    report.verified = True
+    """Point `<state>/verified` at this run's directory (one atomic symlink flip) and record the
+    pass, with SIGTERM and SIGINT held back meanwhile: the link and the report always agree."""
+    held = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        atomic.symlink(host.verified, report.directory.relative_to(host.state))
+        report.verified = True
+        report.verdict = Verdict.passed
+        report.message = f"{report.profile} passed its gate: {host.verified} now points at this run"
+        report.write()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _prune(host: layout.HostLayout, keep: int = KEEP_RUNS) -> None:
@@ -213,20 +228,39 @@ def run_gate(
     prove: Callable[[layout.HostLayout, str], restore.Outcome] | None = None,
 ) -> GateReport:
     """Gate the stack deployed by run `run_id`; the report is on disk however this ends."""
-    profile = load_profile(profile_file)
-    endpoint = options.endpoint or f"http://127.0.0.1:{profile.engine.serve.port}"
-    report = _start(Path(profile_file), profile, host, run_id, endpoint)
+    profile_file = Path(profile_file)
+    report = GateReport(run_id, profile_file.stem, str(profile_file), options.endpoint or "", _claim(host, run_id))
+    report.write()
     try:
         with _sigterm_interrupts():
+            profile = load_profile(profile_file)
+            report.profile = profile.name
+            report.endpoint = options.endpoint or f"http://127.0.0.1:{profile.engine.serve.port}"
+            _keep_inputs(report, profile_file, profile, host)
+            report.write()
             _gate(report, profile, host, options, prove or _restore_and_prove(options.unit))
     except (Interrupted, KeyboardInterrupt) as exc:
-        report.verdict = Verdict.interrupted
-        report.message = (
-            f"interrupted ({exc or 'SIGINT'}) before a verdict: nothing was rolled back; "
-            f"re-run the gate, or `specdeploy rollback restore --run-id {run_id}` to go back"
-        )
+        signal_name = str(exc) or "SIGINT"
+        if report.rolling_back:
+            report.verdict = Verdict.interrupted
+            report.message = (
+                f"interrupted ({signal_name}) during the rollback: the host may be half restored; "
+                f"run `specdeploy rollback restore --run-id {run_id}` to finish putting the previous stack back"
+            )
+        elif report.verdict is not Verdict.running:
+            report.message += f" ({signal_name} arrived after the verdict)"
+        else:
+            report.verdict = Verdict.interrupted
+            report.message = (
+                f"interrupted ({signal_name}) before a verdict: nothing was rolled back; "
+                f"re-run the gate, or `specdeploy rollback restore --run-id {run_id}` to go back"
+            )
+    except SpecdeployError as exc:  # the gate could not start (e.g. an invalid profile)
+        report.verdict, report.error_exit = Verdict.error, exc.exit_code
+        report.message = f"could not gate: {exc.message}"
+        raise
     except Exception as exc:  # a bug: recorded here, reported by the CLI's error boundary
-        report.verdict = Verdict.error
+        report.verdict, report.error_exit = Verdict.error, EXIT_INTERNAL
         report.message = f"the gate itself failed ({type(exc).__name__}: {exc}); nothing was rolled back"
         raise
     finally:
@@ -253,14 +287,14 @@ def _gate(
         smoke_options = smoke.SmokeOptions(api_key=options.api_key, show_progress=options.show_progress)
         result = smoke.run(profile, report.endpoint, smoke_options)
         report.smoke = result.to_json()
-        report.verdict = Verdict(result.verdict.value)
-        report.write()
+        verdict = Verdict(result.verdict.value)
     else:
-        report.verdict = Verdict.failed
-    if report.verdict is Verdict.passed:
+        verdict = Verdict.failed
+    if verdict is Verdict.passed:  # a pass is recorded together with the verified/ flip
         _mark_verified(report, host)
-        report.message = f"{profile.name} passed its gate: {host.verified} now points at this run"
         return
+    report.verdict = verdict
+    report.write()
     what = (
         f"smoke verdict {report.verdict.value}"
         if report.smoke is not None
@@ -269,11 +303,16 @@ def _gate(
     if not options.rollback:
         report.message = f"{what}; rollback disabled (--no-rollback): the failing stack stays in place"
         return
+    report.rolling_back = True
+    report.write()
     try:
         outcome = prove(host, report.run_id)
-    except SpecdeployError as exc:
-        report.rollback = {"error": str(exc), "previous_stack_serves": False}
-        report.message = f"{what}; the rollback failed: {exc.message}"
+    except Exception as exc:  # any failure to restore leaves the host without a proven stack: exit 4
+        detail = exc.message if isinstance(exc, SpecdeployError) else f"{type(exc).__name__}: {exc}"
+        report.rollback = {"error": detail, "previous_stack_serves": False}
+        report.message = f"{what}; the rollback failed: {detail}"
+        report.rolling_back = False
         return
+    report.rolling_back = False
     report.rollback = outcome.to_json()
     report.message = f"{what}; rollback: {outcome.message}"

@@ -117,7 +117,7 @@ def _capability_checks(profile: Profile, inventory: gpus.GpuInventory) -> list[C
         cap = gpu.compute_capability
         found = f"{gpu.name} ({gpu.bus_id}): " + (f"compute capability {cap}" if cap else "unknown model")
         if cap is None:
-            fix = "add the model to specdeploy.gpus.COMPUTE_CAPABILITY (developer.nvidia.com/cuda-gpus)"
+            fix = "add the model to specdeploy.host.gpus.COMPUTE_CAPABILITY (developer.nvidia.com/cuda-gpus)"
             checks.append(Check("compute capability", Level.fail, found, expected, fix))
         elif cap < minimum or (arch_list and not _arch_ok(cap, arch_list)):
             fix = f"run on GPUs of compute capability {minimum}" + (

@@ -78,8 +78,7 @@ class Lock:
             entry["detail"] = detail
         self.data["profiles"].setdefault(profile, {})[key] = entry
         atomic.ensure_dir(self.path.parent if str(self.path.parent) else Path("."))
-        text = json.dumps(self.data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-        atomic.write_bytes(self.path, text.encode("utf-8"))
+        atomic.write_json(self.path, self.data, sort_keys=True)
         return True
 
 

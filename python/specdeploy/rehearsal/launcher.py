@@ -1,6 +1,6 @@
 """Start and stop real vLLM-CPU servers for the rehearsal, with logs and readiness waits.
 
-The launcher renders the command from the profile (specdeploy.engine_args), so the
+The launcher renders the command from the profile (specdeploy.engine.args), so the
 rehearsal runs exactly the flags a host would; only the runtime differs (a venv process
 instead of a GPU container).
 """

@@ -298,7 +298,7 @@ class Smoke:
             }
             path = self.options.record_golden
             atomic.ensure_dir(path.parent)
-            atomic.write_bytes(path, (json.dumps(record, indent=2, ensure_ascii=False) + "\n").encode())
+            atomic.write_json(path, record)
             return Stage("golden", Status.passed, f"recorded {len(self.outputs)} outputs to {path}")
         if not self.options.golden:
             return Stage("golden", Status.skipped, "no --golden transcript given")
