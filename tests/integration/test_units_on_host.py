@@ -54,7 +54,7 @@ def test_rehearsal_service_execstart_is_the_launchers_argv(host: Host) -> None:
     assert sorted(env) == sorted(f"{k}={v}" for k, v in profile.engine.env.items())
 
 
-@pytest.mark.parametrize("name", ["a6000-dflash", "a6000-mtp"])
+@pytest.mark.parametrize("name", ["a6000-dflash", "a6000-dflash-stock", "a6000-mtp"])
 def test_quadlet_dry_run_renders_the_gpu_profiles(host: Host, name: str) -> None:
     profile = load_profile(name)
     image = f"{profile.engine.image.name}@sha256:{'0' * 64}"  # an image is pulled by digest on real hosts

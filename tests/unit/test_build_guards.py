@@ -3,6 +3,7 @@ host-side refusals of `image build`, which need no podman."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,49 @@ def test_precompiled_without_merge_base_is_refused(tmp_path: Path) -> None:
 )
 def test_sglang_version_guard(installed: str | None, errors: int) -> None:
     specs = [b.version_spec for b in load_profile("a6000-mtp").engine.known_bad if b.version_spec]
-    assert len(build_guards.check_sglang_version(installed, expected="0.5.19", known_bad=specs)) == errors
+    found = build_guards.check_release(
+        "sglang", installed, expected="0.5.19", known_bad=specs, torch_cuda="12.9", cuda="12.9"
+    )
+    assert len(found) == errors
+
+
+@pytest.mark.parametrize(
+    ("installed", "torch_cuda", "expect"),
+    [
+        ("0.29.0", "12.9", []),
+        ("0.29.0+cu129", "12.9", []),  # the official image's local version part is the same release
+        ("0.28.0", "12.9", ["vllm 0.28.0 is installed, the profile pins 0.29.0"]),
+        ("0.25.1", "12.9", ["vllm 0.25.1 is installed, the profile pins 0.29.0", "known-bad list (<0.26.0)"]),
+        ("0.29.0", "13.0", ["torch in the image is built for CUDA 13.0, the base image is CUDA 12.9"]),
+    ],
+)
+def test_stock_vllm_guard_names_the_installed_version_and_torch_cuda(
+    installed: str, torch_cuda: str, expect: list[str]
+) -> None:
+    specs = [b.version_spec for b in load_profile("a6000-dflash-stock").engine.known_bad if b.version_spec]
+    errors = build_guards.check_release(
+        "vllm", installed, expected="0.29.0", known_bad=specs, torch_cuda=torch_cuda, cuda="12.9"
+    )
+    assert len(errors) == len(expect)
+    for error, part in zip(errors, expect, strict=True):
+        assert part in error
+
+
+def test_a_pinned_git_build_version_must_match_whole() -> None:
+    assert build_guards.same_release("0.20.2rc1.dev206+g23002d3f3", "0.20.2rc1.dev206+g23002d3f3")
+    assert not build_guards.same_release("0.20.2rc1.dev206+gdeadbeef0", "0.20.2rc1.dev206+g23002d3f3")
+
+
+def test_inspect_reads_torch_cuda_without_importing_torch(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    """A stand-in torch package whose import would fail: inspect must read version.py only."""
+    torch = tmp_path / "torch"
+    torch.mkdir()
+    (torch / "__init__.py").write_text("raise ImportError('no GPU here')\n")
+    (torch / "version.py").write_text("__version__ = '2.13.0+cu129'\ncuda: Optional[str] = '12.9'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert build_guards.torch_cuda() == "12.9"
+    assert build_guards.main(["inspect"]) == 0
+    assert json.loads(capsys.readouterr().out)["torch_cuda"] == "12.9"
 
 
 def test_merge_base_is_computed_from_git_and_recorded(tmp_path: Path) -> None:

@@ -18,7 +18,11 @@ from specdeploy.images import build as images
 from specdeploy.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = {"a6000-dflash": ROOT / "Containerfile.vllm-pr40898", "a6000-mtp": ROOT / "Containerfile.sglang"}
+FILES = {
+    "a6000-dflash": ROOT / "Containerfile.vllm-pr40898",
+    "a6000-mtp": ROOT / "Containerfile.sglang",
+    "a6000-dflash-stock": ROOT / "Containerfile.vllm",
+}
 
 
 def _parse(path: Path) -> list[dict[str, Any]]:
@@ -104,7 +108,21 @@ def test_vllm_build_checks_out_the_pinned_commit_and_runs_the_guard() -> None:
     ]
 
 
-def test_sglang_build_runs_the_version_guard() -> None:
-    runs = [ins["value"] for ins in _parse(FILES["a6000-mtp"]) if ins["instruction"] == "RUN"]
-    guard = next(r for r in runs if "build_guards.py sglang" in r)
-    assert '--expected "${SGLANG_VERSION}"' in guard and '--known-bad-list "${SGLANG_KNOWN_BAD}"' in guard
+@pytest.mark.parametrize(("profile_name", "engine"), [("a6000-mtp", "sglang"), ("a6000-dflash-stock", "vllm")])
+def test_released_engine_builds_run_the_version_and_cuda_guard(profile_name: str, engine: str) -> None:
+    runs = [ins["value"] for ins in _parse(FILES[profile_name]) if ins["instruction"] == "RUN"]
+    guard = next(r for r in runs if f"build_guards.py release {engine}" in r)
+    prefix = engine.upper()
+    assert f'--expected "${{{prefix}_VERSION}}"' in guard and f'--known-bad-list "${{{prefix}_KNOWN_BAD}}"' in guard
+    assert '--torch-cuda "${TORCH_CUDA}"' in guard
+    # the profile's CUDA 12.9 base is what torch in the image must be built for
+    assert _build_args(profile_name)["TORCH_CUDA"] == "12.9"
+
+
+@pytest.mark.parametrize("profile_name", FILES)
+def test_every_image_carries_the_guard_for_image_check(profile_name: str) -> None:
+    """`image check` runs `build_guards.py inspect` inside the final image."""
+    structure = _parse(FILES[profile_name])
+    last_from = max(i for i, ins in enumerate(structure) if ins["instruction"] == "FROM")
+    copies = [ins["value"] for ins in structure[last_from:] if ins["instruction"] == "COPY"]
+    assert "python/specdeploy/images/guards.py /opt/specdeploy/build_guards.py" in copies

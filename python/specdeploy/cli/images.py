@@ -1,4 +1,5 @@
-"""`specdeploy image build|ensure|check`: engine images from the profile's pins, proven by labels."""
+"""`specdeploy image build|ensure|check`: engine images from the profile's pins, proven by their
+labels and by what their own Python reports inside (engine version, torch's CUDA)."""
 
 from __future__ import annotations
 
@@ -81,8 +82,11 @@ def image_ensure(
     }
     output.emit(summary, True, lambda: None)
     if bad:
-        names = ", ".join(r["label"] for r in bad)
-        raise build.ImageError(f"{ensured.tag}: labels differ from profile {p.name}: {names}")
+        what = "; ".join(f"{r['label']}: expected {r['expected']}, found {r['found']}" for r in bad)
+        raise build.ImageError(
+            f"{ensured.tag} is not what profile {p.name} pins ({what}); it will not be run",
+            hint="rebuild it with specdeploy image build, or fix the profile's pin",
+        )
 
 
 @image_app.command("check")
@@ -93,7 +97,8 @@ def image_check(
     podman: base.PodmanOpt = "podman",
     as_json: base.JsonOpt = False,
 ) -> None:
-    """Compare a built image's OCI labels with the profile. Exit 0 when all match, 1 otherwise."""
+    """Compare a built image's OCI labels and what it contains (engine version, torch's CUDA)
+    with the profile. Exit 0 when all match, 1 otherwise."""
     rows = ensure.check(image, load_profile(profile), lock=base.lock_at(lock), podman=podman)
     ok = all(r.ok for r in rows)
 

@@ -16,6 +16,7 @@ the same `--models-dir`, `--serving-dir`, `--state-dir`, `--cache-dir`.
     <state>/verified -> runs/<run-id>   the last run whose gate passed
     <cache>/                            the engine's writable cache (container profiles)
     /opt/specdeploy/                    the CLI's venv, wheelhouse, profiles, image build context
+    /opt/specdeploy/engines/<pkg>-<version>-<sha12>/   one engine venv per engine archive (venv runtime)
 """
 
 from __future__ import annotations
@@ -132,6 +133,11 @@ class InstallLayout:
     def venv(self) -> Path:
         return self.root / "venv"
 
+    @property
+    def engines(self) -> Path:
+        """Engine venvs (venv runtime), one per engine archive, and the archives themselves."""
+        return self.root / "engines"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "root": str(self.root),
@@ -141,4 +147,5 @@ class InstallLayout:
             "wheelhouse": str(self.root / "wheelhouse"),
             "profiles": str(self.root / "profiles"),
             "build_context": str(self.root / "build"),
+            "engines": str(self.engines),
         }

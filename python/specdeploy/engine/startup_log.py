@@ -1,10 +1,23 @@
 """Read an engine's startup log for proof that the drafter is wired as the profile intends.
 
-vLLM shifts DFlash target_layer_ids by +1 (PR #40727) and logs the result:
-`Using auxiliary layers from speculative config: (2, 17, 32, 47, 62)` for [1,16,31,46,61].
-A build that applies the shift twice (reported for #40898 + #40727 on top) or not at all
-reads the wrong hidden states and acceptance collapses; this line is the only place the
-mistake is visible before traffic, so specdeploy checks it instead of a person.
+vLLM shifts DFlash target_layer_ids by +1 (PR #40727) and logs the result, for
+[1,16,31,46,61] the tuple (2, 17, 32, 47, 62). A build that applies the shift twice (reported
+for #40898 + #40727 on top) or not at all reads the wrong hidden states and acceptance
+collapses; this line is the only place the mistake is visible before traffic, so specdeploy
+checks it instead of a person.
+
+The two model runners word the line differently (docs/sources.md#vllm; both seen in real logs,
+tests/data/gpu-vllm-0.26/):
+
+| runner | line |
+|---|---|
+| V1 (`gpu_model_runner.py`) | `Using auxiliary layers from speculative config: (2, 17, 32, 47, 62)` |
+| V2 (`eagle3_utils.py`) | `Using Eagle3 auxiliary layers from config: (1, 3)` |
+| V2, no layers in the drafter config | `Using Eagle3 auxiliary layers from model: (...)` |
+
+A check that knew one wording reported "no auxiliary-layer line" for every DFlash deploy on
+stock vLLM, after polling for the whole readiness timeout (30 minutes on the GPU profiles).
+The wait therefore ends as soon as the engine is ready or failed, and says what it found.
 """
 
 from __future__ import annotations
@@ -16,9 +29,27 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import httpx
+
 from specdeploy.profile import Profile
 
-_AUX_RE = re.compile(r"Using auxiliary layers from speculative config: (\([0-9,\s]*\))")
+_AUX_RE = re.compile(
+    r"Using (?P<eagle3>Eagle3 )?auxiliary layers from (?P<origin>speculative config|config|model): "
+    r"(?P<layers>\([0-9,\s]*\))"
+)
+# what the runner that printed a line is called, by its wording
+RUNNER_OF_ORIGIN = {"speculative config": "V1", "config": "V2", "model": "V2"}
+_SPEC_RE = re.compile(r"speculative_config=SpeculativeConfig\(method='(?P<method>[^']*)'")
+_RUNNER_RE = re.compile(r"Using (?P<runner>V[12]) Model Runner")
+
+
+@dataclass(frozen=True)
+class AuxLine:
+    """One auxiliary-layer line as vLLM printed it."""
+
+    layers: tuple[int, ...]
+    runner: str  # "V1" or "V2", from the wording
+    origin: str  # "speculative config" (V1), "config" or "model" (V2)
 
 
 @dataclass(frozen=True)
@@ -27,6 +58,7 @@ class AuxLayerCheck:
     found: tuple[int, ...] | None
     ok: bool
     message: str
+    runner: str | None = None  # the runner whose wording the line had
 
 
 def expected_aux_layers(profile: Profile) -> tuple[int, ...]:
@@ -36,23 +68,67 @@ def expected_aux_layers(profile: Profile) -> tuple[int, ...]:
     return tuple(i + 1 for i in ids)
 
 
+def expected_runner(profile: Profile) -> str | None:
+    """The model runner the profile asks for (VLLM_USE_V2_MODEL_RUNNER), None when it leaves it to vLLM."""
+    value = profile.engine.env.get("VLLM_USE_V2_MODEL_RUNNER")
+    return None if value is None else ("V2" if value.strip() == "1" else "V1")
+
+
+def find_aux_line(log_text: str) -> AuxLine | None:
+    """The last auxiliary-layer line vLLM logged (any wording), or None."""
+    matches = list(_AUX_RE.finditer(log_text))
+    if not matches:
+        return None
+    last = matches[-1]
+    origin = last.group("origin")
+    return AuxLine(tuple(ast.literal_eval(last.group("layers"))), RUNNER_OF_ORIGIN[origin], origin)
+
+
 def find_aux_layers(log_text: str) -> tuple[int, ...] | None:
     """The last auxiliary-layer tuple vLLM logged, or None."""
-    matches = _AUX_RE.findall(log_text)
-    return tuple(ast.literal_eval(matches[-1])) if matches else None
+    line = find_aux_line(log_text)
+    return line.layers if line else None
+
+
+def describe_instead(log_text: str) -> str:
+    """What the log shows in place of an auxiliary-layer line: the method and runner it names."""
+    seen = []
+    if methods := _SPEC_RE.findall(log_text):
+        seen.append(f"the engine was configured with speculative method {methods[-1]!r}")
+    elif "speculative_config=None" in log_text:
+        seen.append("the engine runs without speculative decoding (speculative_config=None)")
+    if runners := _RUNNER_RE.findall(log_text):
+        seen.append(f"it logged 'Using {runners[-1]} Model Runner'")
+    if not seen:
+        lines = [line for line in log_text.splitlines() if line.strip()]
+        seen.append(f"its last line was {lines[-1][-200:]!r}" if lines else "the log is empty")
+    return "; ".join(seen)
 
 
 def check_aux_layers(profile: Profile, log_text: str) -> AuxLayerCheck:
     expected = expected_aux_layers(profile)
-    found = find_aux_layers(log_text)
-    if found is None:
+    line = find_aux_line(log_text)
+    if line is None:
         return AuxLayerCheck(
             expected, None, False,
-            "vLLM logged no 'Using auxiliary layers from speculative config' line: the drafter "
+            "vLLM logged no auxiliary-layer line ('Using auxiliary layers from speculative config' on V1, "
+            f"'Using Eagle3 auxiliary layers from config' on V2): {describe_instead(log_text)}; the drafter "
             "config was not read as DFlash (check architectures and dflash_config)",
         )  # fmt: skip
+    found, runner = line.layers, line.runner
+    wanted_runner = expected_runner(profile)
+    if wanted_runner and runner != wanted_runner:
+        return AuxLayerCheck(
+            expected, found, False,
+            f"vLLM ran the {runner} model runner (its wording: 'from {line.origin}'), the profile sets "
+            f"VLLM_USE_V2_MODEL_RUNNER={profile.engine.env['VLLM_USE_V2_MODEL_RUNNER']} ({wanted_runner}): "
+            "the engine ignored the profile's environment (check the unit's Environment= lines)",
+            runner,
+        )  # fmt: skip
     if found == expected:
-        return AuxLayerCheck(expected, found, True, f"auxiliary layers {found} = target_layer_ids + 1")
+        return AuxLayerCheck(
+            expected, found, True, f"auxiliary layers {found} = target_layer_ids + 1 ({runner} runner)", runner
+        )
     shifted = tuple(i - 1 for i in found)
     if shifted == expected:
         why = "shifted by +2: the +1 fix (#40727) is applied twice in this build"
@@ -60,7 +136,9 @@ def check_aux_layers(profile: Profile, log_text: str) -> AuxLayerCheck:
         why = "not shifted: this build lacks the +1 fix (#40727)"
     else:
         why = "the drafter's target_layer_ids differ from the profile's"
-    return AuxLayerCheck(expected, found, False, f"expected auxiliary layers {expected}, vLLM logged {found}: {why}")
+    return AuxLayerCheck(
+        expected, found, False, f"expected auxiliary layers {expected}, vLLM logged {found}: {why}", runner
+    )
 
 
 # --------------------------------------------------------------------------- from the journal
@@ -84,15 +162,49 @@ def journal_of_current_run(unit: str) -> str:
 
 
 def wait_for_aux_layers(
-    profile: Profile, read: Callable[[], str], *, timeout_s: float, failed: Callable[[], bool] = lambda: False
+    profile: Profile,
+    read: Callable[[], str],
+    *,
+    timeout_s: float,
+    failed: Callable[[], bool] = lambda: False,
+    ready: Callable[[], bool] = lambda: False,
+    poll_s: float = 2.0,
 ) -> AuxLayerCheck:
-    """Poll the log until vLLM prints its auxiliary-layer line, the engine fails, or time runs out."""
-    deadline = time.monotonic() + timeout_s
+    """Poll the log until vLLM prints its auxiliary-layer line, or the engine fails, or is
+    ready without having printed it (the line comes before the server answers), or time runs out."""
+    started = time.monotonic()
+    deadline = started + timeout_s
     text = read()
-    while find_aux_layers(text) is None and time.monotonic() < deadline and not failed():
-        time.sleep(2)
+    why = ""
+    while find_aux_line(text) is None:
+        if failed():
+            why = "the engine failed before logging it"
+        elif ready():
+            why = "the engine is ready (its health endpoint answers) without having logged it"
+        elif time.monotonic() >= deadline:
+            why = f"not logged within {timeout_s:.0f} s"
+        if why:
+            text = read()  # the last lines, written before the state changed
+            break
+        time.sleep(poll_s)
         text = read()
-    return check_aux_layers(profile, text)
+    check = check_aux_layers(profile, text)
+    if check.found is None and why:
+        waited = time.monotonic() - started
+        return AuxLayerCheck(check.expected, None, False, f"{why} (after {waited:.0f} s): {check.message}")
+    return check
+
+
+def health_answers(endpoint: str) -> Callable[[], bool]:
+    """A readiness probe: the engine's `/health` answers 200 (vLLM leaves it open, key or not)."""
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{endpoint.rstrip('/')}/health", timeout=3).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return ready
 
 
 def unit_failed(unit: str) -> bool:
@@ -100,8 +212,15 @@ def unit_failed(unit: str) -> bool:
     return state.stdout.strip() == "failed"
 
 
-def check_unit(profile: Profile, unit: str, *, timeout_s: float) -> AuxLayerCheck:
-    """Wait for the unit's current run to log its auxiliary layers (or fail, or time out), then check them."""
+def check_unit(
+    profile: Profile, unit: str, *, timeout_s: float, ready: Callable[[], bool] = lambda: False
+) -> AuxLayerCheck:
+    """Wait for the unit's current run to log its auxiliary layers (or fail, or be ready
+    without them, or time out), then check them."""
     return wait_for_aux_layers(
-        profile, lambda: journal_of_current_run(unit), timeout_s=timeout_s, failed=lambda: unit_failed(unit)
+        profile,
+        lambda: journal_of_current_run(unit),
+        timeout_s=timeout_s,
+        failed=lambda: unit_failed(unit),
+        ready=ready,
     )

@@ -178,20 +178,26 @@ def _keep_inputs(report: GateReport, profile_file: Path, profile: Profile, host:
         atomic.write_bytes(report.directory / host.lock.name, host.lock.read_bytes())
 
 
-def _check_startup_log(profile: Profile, options: GateOptions) -> dict[str, Any]:
+def _check_startup_log(profile: Profile, options: GateOptions, endpoint: str) -> dict[str, Any]:
     if profile.engine.speculative.method != "dflash":
         method = profile.engine.speculative.method
         return {"ok": True, "skipped": True, "message": f"{method}: no auxiliary-layer line to check"}
     if options.log_file is not None:
         check = startup_log.check_aux_layers(profile, options.log_file.read_text(errors="replace"))
     else:
-        check = startup_log.check_unit(profile, options.unit, timeout_s=profile.smoke.readiness_timeout_s)
+        check = startup_log.check_unit(
+            profile,
+            options.unit,
+            timeout_s=profile.smoke.readiness_timeout_s,
+            ready=startup_log.health_answers(endpoint),
+        )
     return {
         "ok": check.ok,
         "skipped": False,
         "expected": check.expected,
         "found": check.found,
         "message": check.message,
+        "runner": check.runner,
     }
 
 
@@ -281,7 +287,7 @@ def _gate(
     options: GateOptions,
     prove: Callable[[layout.HostLayout, str], restore.Outcome],
 ) -> None:
-    report.startup_log = _check_startup_log(profile, options)
+    report.startup_log = _check_startup_log(profile, options, report.endpoint)
     report.write()
     if report.startup_log["ok"]:
         smoke_options = smoke.SmokeOptions(api_key=options.api_key, show_progress=options.show_progress)

@@ -21,6 +21,16 @@ def cuda_major(base_image: str) -> int | None:
     return int(match.group(1) or match.group(2))
 
 
+def cuda_version(base_image: str) -> str | None:
+    """The CUDA `major.minor` an image name declares (`cuda:12.9.1-...` -> 12.9, `...-cu129` -> 12.9),
+    the value torch.version.cuda reports for a torch built for it; None when the name says nothing."""
+    match = re.search(r"cuda:(\d+)\.(\d+)|-cu(\d{2})(\d)\b", base_image)
+    if not match:
+        return None
+    major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+    return f"{int(major)}.{int(minor)}"
+
+
 def min_driver_branch(base_image: str) -> int | None:
     """The oldest driver branch that runs an image built on `base_image`, or None when unknown."""
     return MIN_DRIVER_FOR_CUDA.get(cuda_major(base_image) or 0)

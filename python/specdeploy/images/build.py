@@ -167,9 +167,14 @@ def build_args(profile: Profile, *, base_digest: str, merge_base: str | None) ->
             "VLLM_COMMIT": str(source.commit.value),
             "VLLM_MERGE_BASE_COMMIT": merge_base or "",
         }
-    elif profile.engine.kind == "sglang":
+    else:  # a released engine in its official image: the guard checks what is installed
+        prefix = profile.engine.kind.upper()
         specs = [b.version_spec for b in profile.engine.known_bad if b.version_spec]
-        args |= {"SGLANG_VERSION": str(source.version.value), "SGLANG_KNOWN_BAD": " ".join(specs)}
+        args |= {
+            f"{prefix}_VERSION": str(source.version.value),
+            f"{prefix}_KNOWN_BAD": " ".join(specs),
+            "TORCH_CUDA": cuda.cuda_version(image.base.name) or "",
+        }
     return args | dict(image.build_args)
 
 

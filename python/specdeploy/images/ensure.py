@@ -2,8 +2,10 @@
 
 `ensure` builds it from the Containerfile, pulls it by the pinned registry digest, or loads a
 `podman save` archive (air-gapped sites); then `check` compares its OCI labels with the
-profile, and only an image that passes has its ID recorded and its reference by digest
-handed to the engine unit — an image built from another commit or version never serves.
+profile and runs the build guard's `inspect` inside the image (the engine version installed,
+torch's CUDA): labels say what the image was built from, the inspection what it contains. Only
+an image that passes has its ID recorded and its reference by digest handed to the engine
+unit — an image built from another commit or version never serves.
 """
 
 from __future__ import annotations
@@ -12,22 +14,60 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeploy.host import cuda
 from specdeploy.images import build
 from specdeploy.images.build import LABEL_ARGS, ImageError, image_tag, label_args, podman_run
+from specdeploy.images.guards import same_release
 from specdeploy.profile import Profile
 from specdeploy.profile.lock import Lock, require
+
+GUARDS_IN_IMAGE = "/opt/specdeploy/build_guards.py"  # where every Containerfile copies images/guards.py
 
 
 @dataclass
 class LabelCheck:
-    label: str
+    label: str  # an OCI label, or `inside: ...` for what the image's own Python reports
     expected: str
     found: str | None
     ok: bool
 
 
+def inspect_inside(image: str, podman: str) -> dict[str, str | None]:
+    """Run the build guard's `inspect` in the image (no GPU needed: torch is not imported)."""
+    done = podman_run(podman, "run", "--rm", "--entrypoint", "python3", image, GUARDS_IN_IMAGE, "inspect")
+    if done.returncode != 0:
+        raise ImageError(
+            f"cannot inspect {image}: `python3 {GUARDS_IN_IMAGE} inspect` failed: {done.stderr.strip()[-300:]}",
+            hint="images built from this repository's Containerfiles carry the guard: specdeploy image build",
+        )
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        raise ImageError(f"{image}: the guard's inspect printed no JSON: {done.stdout.strip()[-200:]!r}") from None
+
+
+def inside_rows(image: str, profile: Profile, podman: str) -> list[LabelCheck]:
+    """The engine version installed in the image and torch's CUDA, against the profile."""
+    try:
+        found = inspect_inside(image, podman)
+    except ImageError as exc:
+        return [LabelCheck("inside: build_guards.py inspect", "runs", exc.message, False)]
+    engine, expected = profile.engine.kind, str(profile.engine.source.version.value)
+    version = found.get(engine)
+    rows = [
+        LabelCheck(f"inside: {engine} version", expected, version, bool(version) and same_release(version, expected))
+    ]
+    assert profile.engine.image is not None
+    if wanted := cuda.cuda_version(profile.engine.image.base.name):
+        rows.append(
+            LabelCheck("inside: torch CUDA", wanted, found.get("torch_cuda"), found.get("torch_cuda") == wanted)
+        )
+    return rows
+
+
 def check(image: str, profile: Profile, *, lock: Lock, podman: str = "podman") -> list[LabelCheck]:
-    """Compare a built image's labels with what the profile (and lock) say it must contain."""
+    """Compare a built image's labels with what the profile (and lock) say it must contain,
+    then what it does contain (`inside_rows`)."""
     done = podman_run(podman, "image", "inspect", "--format", "{{json .Labels}}", image)
     if done.returncode != 0:
         raise ImageError(f"no image {image}: {done.stderr.strip()[-200:]}", hint="build it with specdeploy image build")
@@ -42,7 +82,7 @@ def check(image: str, profile: Profile, *, lock: Lock, podman: str = "podman") -
             continue
         found = labels.get(label)
         rows.append(LabelCheck(label, expected[arg], found, found == expected[arg]))
-    return rows
+    return rows + inside_rows(image, profile, podman)
 
 
 # --------------------------------------------------------------------------- ensure (the images role)

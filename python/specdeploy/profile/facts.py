@@ -29,6 +29,18 @@ def deploy_facts(profile: Profile, host: layout.HostLayout, install: layout.Inst
         "image_archive": str(host.state / "image.tar"),
         "weights_archive": str(host.state / "weights.tar"),
     }
+    engine_name = profile.engine.venv_name()
+    source = profile.engine.source
+    engine = (
+        {
+            "name": engine_name,
+            "spec": f"{source.package}=={source.version.value}",
+            "archive": str(install.engines / f"{engine_name}.tar"),
+            "root": str(install.engines),
+        }
+        if engine_name
+        else None
+    )
     return {
         "profile": {
             "name": profile.name,
@@ -43,6 +55,8 @@ def deploy_facts(profile: Profile, host: layout.HostLayout, install: layout.Inst
             "gated_repos": gated,
         },
         "install": installed,
+        # venv runtime: the engine's own archive and venv root (None for container profiles)
+        "engine": engine,
         "paths": paths,
         "unit": {
             "name": layout.UNIT_NAME,

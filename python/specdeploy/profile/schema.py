@@ -215,11 +215,21 @@ class EngineSpec(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     speculative: SpeculativeSpec
     known_bad: list[KnownBad] = Field(default_factory=list)
+    facts: dict[str, Pin] = Field(
+        default_factory=dict,
+        description="what the serve flags and env rest on (backend support, runner, scheduling), with provenance",
+    )
 
     def known_bad_entry(self, *, version: str | None = None, commit: str | None = None) -> KnownBad | None:
         """The first known-bad entry covering this engine version or commit: the one place
         the list is matched (the image build refuses it, the smoke gate fails on it)."""
         return next((bad for bad in self.known_bad if bad.matches(version=version, commit=commit)), None)
+
+    def venv_name(self) -> str | None:
+        """`<package>-<version>`: the engine archive's and venv's name (venv runtime only)."""
+        if self.runtime != "venv" or not self.source.package or not self.source.version.resolved:
+            return None
+        return f"{self.source.package}-{self.source.version.value}"
 
 
 class TargetFacts(_Strict):

