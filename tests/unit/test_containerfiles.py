@@ -126,3 +126,24 @@ def test_every_image_carries_the_guard_for_image_check(profile_name: str) -> Non
     last_from = max(i for i, ins in enumerate(structure) if ins["instruction"] == "FROM")
     copies = [ins["value"] for ins in structure[last_from:] if ins["instruction"] == "COPY"]
     assert "python/specdeploy/images/guards.py /opt/specdeploy/build_guards.py" in copies
+
+
+@pytest.mark.parametrize("profile_name", FILES)
+def test_the_images_role_ships_every_file_the_containerfile_copies(profile_name: str) -> None:
+    """The build context the images role copies to a host is `specdeploy facts`' list; every
+    COPY source of the profile's Containerfile (other than from a build stage) is in it. A role
+    that shipped only the Containerfiles failed every host build at the guard's COPY."""
+    from specdeploy.core import layout
+    from specdeploy.profile.facts import deploy_facts
+
+    profile = load_profile(profile_name)
+    shipped = deploy_facts(profile, layout.HostLayout(), layout.InstallLayout())["image"]["context_files"]
+    structure = _parse(FILES[profile_name])
+    copied = [
+        ins["value"].split()[0]
+        for ins in structure
+        if ins["instruction"] == "COPY" and not ins["value"].startswith("--from")
+    ]
+    assert copied and set(copied) <= set(shipped)
+    assert profile.engine.image is not None and profile.engine.image.containerfile in shipped
+    assert all((ROOT / path).is_file() for path in shipped)

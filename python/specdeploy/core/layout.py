@@ -29,6 +29,10 @@ DATA_ROOT = Path("/var/lib/specdeploy")
 INSTALL_ROOT = Path("/opt/specdeploy")
 
 UNIT_NAME = "specdeploy-engine"
+# The build guard every Containerfile COPYs (relative to the build context, the repository
+# root) and where it lands in the image, where `image check` runs it.
+GUARDS_IN_CONTEXT = "python/specdeploy/images/guards.py"
+GUARDS_IN_IMAGE = "/opt/specdeploy/build_guards.py"
 ENGINE_USER = "specdeploy"
 ENGINE_HOME = DATA_ROOT / "home"
 # Where each runtime's unit lives: podman's quadlet generator reads .container files from

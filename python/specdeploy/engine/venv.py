@@ -12,7 +12,6 @@ The venv is marked complete last; one without the mark (an install that died) is
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from specdeploy.core import atomic
 from specdeploy.core.errors import SpecdeployError
+from specdeploy.weights.fetch import sha256_file
 
 COMPLETE = ".specdeploy-complete"
 LOCK_NAME = "requirements.lock"
@@ -51,14 +51,6 @@ class EngineVenv:
         }
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _base_python() -> str:
     """The interpreter the CLI's own venv was made from (a venv's python would nest venvs)."""
     return getattr(sys, "_base_executable", None) or sys.executable
@@ -71,7 +63,7 @@ def install(archive: Path, root: Path, name: str) -> EngineVenv:
             f"no engine archive at {archive}",
             hint="build it on the controller: scripts/wheelhouse.sh DIR --engine PACKAGE==VERSION",
         )
-    sha = _sha256(archive)
+    sha = sha256_file(archive)
     dest = root / f"{name}-{sha[:12]}"
     if (dest / COMPLETE).is_file():
         return EngineVenv(dest, sha, changed=False)

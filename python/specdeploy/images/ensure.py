@@ -14,14 +14,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeploy.core.layout import GUARDS_IN_IMAGE
 from specdeploy.host import cuda
 from specdeploy.images import build
 from specdeploy.images.build import LABEL_ARGS, ImageError, image_tag, label_args, podman_run
 from specdeploy.images.guards import same_release
 from specdeploy.profile import Profile
 from specdeploy.profile.lock import Lock, require
-
-GUARDS_IN_IMAGE = "/opt/specdeploy/build_guards.py"  # where every Containerfile copies images/guards.py
 
 
 @dataclass

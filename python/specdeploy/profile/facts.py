@@ -57,6 +57,12 @@ def deploy_facts(profile: Profile, host: layout.HostLayout, install: layout.Inst
         "install": installed,
         # venv runtime: the engine's own archive and venv root (None for container profiles)
         "engine": engine,
+        # container runtime: every file `podman build` reads from the context (None for venv)
+        "image": (
+            {"context_files": [profile.engine.image.containerfile, layout.GUARDS_IN_CONTEXT]}
+            if profile.engine.image
+            else None
+        ),
         "paths": paths,
         "unit": {
             "name": layout.UNIT_NAME,
