@@ -56,6 +56,20 @@ def _base_python() -> str:
     return getattr(sys, "_base_executable", None) or sys.executable
 
 
+def _unpack(archive: Path, dest: Path) -> None:
+    """Extract plain files and folders only, all inside `dest` (the host's Python may predate
+    tarfile's extraction filters: bookworm's 3.11.2 has none)."""
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+        for member in members:
+            target = (dest / member.name).resolve()
+            if not (member.isfile() or member.isdir()) or not target.is_relative_to(dest.resolve()):
+                raise tarfile.TarError(
+                    f"refusing member {member.name!r}: only files and folders under the archive root"
+                )
+        tar.extractall(dest, members=members)  # noqa: S202 (every member checked above)
+
+
 def install(archive: Path, root: Path, name: str) -> EngineVenv:
     """Make `<root>/<name>-<sha12>` a complete venv of exactly the archive's locked wheels."""
     if not archive.is_file():
@@ -72,8 +86,7 @@ def install(archive: Path, root: Path, name: str) -> EngineVenv:
     with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=root) as tmp:
         wheels = Path(tmp)
         try:
-            with tarfile.open(archive) as tar:
-                tar.extractall(wheels, filter="data")
+            _unpack(archive, wheels)
         except (tarfile.TarError, OSError) as exc:
             raise EngineVenvError(
                 f"engine archive {archive} cannot be unpacked: {exc}", hint="copy it again from the controller"
