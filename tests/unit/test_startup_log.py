@@ -148,3 +148,8 @@ def test_an_engine_not_yet_ready_is_polled_until_it_logs_the_line(health_server:
         _on_runner("1"), read, timeout_s=60, ready=startup_log.health_answers(health_server + "/nowhere"), poll_s=0.01
     )
     assert check.ok and check.found == (1, 3)
+
+
+def test_neither_unit_nor_file_is_a_usage_error(cli: Any) -> None:
+    result = cli("startup-log", "--profile", "a6000-dflash")
+    assert result.exit_code == 2 and "pass exactly one of --unit and --file" in result.stderr

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from specdeploy.cli import base, output
-from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.errors import SpecdeployError, UsageError
 from specdeploy.core.keeper import Keeper
 from specdeploy.engine import startup_log, units
 from specdeploy.profile import load_profile, resolve_profile_path
@@ -94,7 +94,10 @@ def startup_log_check(
         output.out.print(f"profile {p.name} uses {p.engine.speculative.method}: no auxiliary-layer line to check")
         raise typer.Exit(0)
     if (unit is None) == (log_file is None):
-        raise SpecdeployError("pass exactly one of --unit and --file")
+        raise UsageError(
+            "pass exactly one of --unit and --file",
+            hint="--unit specdeploy-engine reads the running engine's journal; --file reads a saved log",
+        )
     if log_file is not None:
         check = startup_log.check_aux_layers(p, log_file.read_text(errors="replace"))
     else:

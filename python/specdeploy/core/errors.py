@@ -32,6 +32,12 @@ class ProfileError(SpecdeployError):
     exit_code = 2
 
 
+class UsageError(SpecdeployError):
+    """Options that cannot go together, or one that is missing: bad input, exit 2."""
+
+    exit_code = 2
+
+
 class UnresolvedPinError(SpecdeployError):
     """A pin the operation depends on is still `unresolved` in the profile and the lock."""
 
