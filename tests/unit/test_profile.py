@@ -219,6 +219,7 @@ def test_the_stock_profile_runs_v2_without_async_scheduling_and_expects_its_aux_
 
     profile = load_profile("a6000-dflash-stock")
     assert profile.engine.env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert profile.engine.facts["model_runner"].value == startup_log.expected_runner(profile) == "V2"
     argv = args.render(profile, model="/models/t", drafter="/serving/drafter").argv
     assert "--no-async-scheduling" in argv and argv[argv.index("--attention-backend") + 1] == "FLASH_ATTN"
     line = str(profile.engine.facts["aux_layer_line"].value)

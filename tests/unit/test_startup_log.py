@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -153,3 +155,62 @@ def test_an_engine_not_yet_ready_is_polled_until_it_logs_the_line(health_server:
 def test_neither_unit_nor_file_is_a_usage_error(cli: Any) -> None:
     result = cli("startup-log", "--profile", "a6000-dflash")
     assert result.exit_code == 2 and "pass exactly one of --unit and --file" in result.stderr
+
+
+@pytest.fixture
+def systemctl_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in `systemctl` on PATH that prints `systemctl show` properties from a file."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    state = tmp_path / "unit-state"
+    script = bindir / "systemctl"
+    script.write_text(f'#!/bin/sh\ncat "{state}"\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    return state
+
+
+def _unit(state: Path, active: str, sub: str, restarts: int, loaded: str = "loaded") -> None:
+    state.write_text(
+        f"LoadState={loaded}\nActiveState={active}\nSubState={sub}\nResult=exit-code\nNRestarts={restarts}\n"
+    )
+
+
+def test_a_crash_looping_engine_is_reported_at_once_not_after_the_timeout(systemctl_state: Path) -> None:
+    """`Restart=on-failure` never lets a unit read "failed" while it crash-loops: the probe
+    reads auto-restart and restarts since the wait began."""
+    _unit(systemctl_state, "activating", "start", 0)
+    down = startup_log.unit_down("specdeploy-engine")
+    assert down() is None
+    _unit(systemctl_state, "activating", "auto-restart", 1)
+    assert "auto-restart" in (down() or "")
+    _unit(systemctl_state, "activating", "start", 2)  # already starting again: the count tells
+    assert "2 automatic restarts" in (down() or "")
+    started = time.monotonic()
+    check = startup_log.wait_for_aux_layers(_on_runner("1"), lambda: "loading\n", timeout_s=1800, failed=down)
+    assert time.monotonic() - started < 60
+    assert "the engine failed before logging it (specdeploy-engine is activating" in check.message
+
+
+def test_no_such_unit_here_means_no_verdict_from_the_probe(systemctl_state: Path) -> None:
+    """A gate run by hand against another endpoint: the probe must not call the engine down."""
+    _unit(systemctl_state, "inactive", "dead", 0, loaded="not-found")
+    assert startup_log.unit_down("specdeploy-engine")() is None
+
+
+def test_readiness_ends_at_once_when_the_engine_is_down() -> None:
+    """The smoke's readiness stage against a port that never answers, with a probe saying the
+    unit crash-loops: an error naming the reason, long before the profile's timeout."""
+    from specdeploy.smoke import stages
+
+    silent = socket.create_server(("127.0.0.1", 0))  # listens, never answers
+    try:
+        options = stages.SmokeOptions(show_progress=False, engine_down=lambda: "specdeploy-engine is failed")
+        started = time.monotonic()
+        report = stages.run(variants.dflash(), f"http://127.0.0.1:{silent.getsockname()[1]}", options)
+    finally:
+        silent.close()
+    assert time.monotonic() - started < 60
+    readiness = report.stages[0]
+    assert readiness.name == "readiness" and readiness.status.value == "error"
+    assert "the engine stopped before it was ready: specdeploy-engine is failed" in readiness.summary

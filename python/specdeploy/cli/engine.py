@@ -82,7 +82,9 @@ def startup_log_check(
     log_file: Annotated[
         Path | None, typer.Option("--file", help="read a saved engine log instead", **base.InputFile)
     ] = None,
-    timeout: Annotated[float, typer.Option(help="seconds to wait for the line (with --unit)")] = 900,
+    timeout: Annotated[
+        float | None, typer.Option(help="seconds to wait for the line (with --unit); default: the profile's readiness")
+    ] = None,
     as_json: base.JsonOpt = False,
 ) -> None:
     """Check the auxiliary-layer line vLLM logs for a DFlash drafter (target_layer_ids + 1).
@@ -103,7 +105,8 @@ def startup_log_check(
     else:
         assert unit is not None
         endpoint = f"http://127.0.0.1:{p.engine.serve.port}"
-        check = startup_log.check_unit(p, unit, timeout_s=timeout, ready=startup_log.health_answers(endpoint))
+        wait = timeout if timeout is not None else p.smoke.readiness_timeout_s
+        check = startup_log.check_unit(p, unit, timeout_s=wait, ready=startup_log.health_answers(endpoint))
     data = {
         "ok": check.ok,
         "expected": check.expected,

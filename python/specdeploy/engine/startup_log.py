@@ -166,19 +166,20 @@ def wait_for_aux_layers(
     read: Callable[[], str],
     *,
     timeout_s: float,
-    failed: Callable[[], bool] = lambda: False,
+    failed: Callable[[], bool | str | None] = lambda: None,
     ready: Callable[[], bool] = lambda: False,
     poll_s: float = 2.0,
 ) -> AuxLayerCheck:
-    """Poll the log until vLLM prints its auxiliary-layer line, or the engine fails, or is
-    ready without having printed it (the line comes before the server answers), or time runs out."""
+    """Poll the log until vLLM prints its auxiliary-layer line, or the engine fails (`failed`
+    returns true or the reason), or is ready without having printed it (the line comes before
+    the server answers), or time runs out."""
     started = time.monotonic()
     deadline = started + timeout_s
     text = read()
     why = ""
     while find_aux_line(text) is None:
-        if failed():
-            why = "the engine failed before logging it"
+        if reason := failed():
+            why = "the engine failed before logging it" + (f" ({reason})" if isinstance(reason, str) else "")
         elif ready():
             why = "the engine is ready (its health endpoint answers) without having logged it"
         elif time.monotonic() >= deadline:
@@ -207,9 +208,45 @@ def health_answers(endpoint: str) -> Callable[[], bool]:
     return ready
 
 
-def unit_failed(unit: str) -> bool:
-    state = subprocess.run(["systemctl", "is-failed", unit], capture_output=True, text=True)
-    return state.stdout.strip() == "failed"
+def _unit_state(unit: str) -> dict[str, str] | None:
+    """The unit's systemd state, or None where no such unit is loaded (or no systemd runs here)."""
+    try:
+        done = subprocess.run(
+            ["systemctl", "show", unit, "--property=LoadState,ActiveState,SubState,Result,NRestarts"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    state = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    return state if state.get("LoadState") == "loaded" else None
+
+
+def unit_down(unit: str) -> Callable[[], str | None]:
+    """A probe for the engine's current start: why the unit stopped trying to serve (failed, or
+    crashed and waiting to restart, or restarted since the probe was made), else None.
+
+    An engine that exits at start under `Restart=on-failure` never reads "failed": it loops
+    through auto-restart. Without this probe the gate polled such an engine for the whole
+    readiness timeout (30 minutes on the GPU profiles) and the play stopped before any rollback.
+    Where the unit does not exist (a gate run by hand against another endpoint) it says nothing."""
+    first = _unit_state(unit)
+    restarts_at_start = int((first or {}).get("NRestarts") or 0)
+
+    def down() -> str | None:
+        state = _unit_state(unit)
+        if state is None:
+            return None
+        active, sub, restarts = state.get("ActiveState"), state.get("SubState"), int(state.get("NRestarts") or 0)
+        if active == "failed" or sub == "auto-restart" or restarts > restarts_at_start:
+            return (
+                f"{unit} is {active} ({sub}; result {state.get('Result')}; {restarts} automatic restarts): "
+                f"the engine exits at start, see journalctl -u {unit}"
+            )
+        return None
+
+    return down
 
 
 def check_unit(
@@ -218,9 +255,5 @@ def check_unit(
     """Wait for the unit's current run to log its auxiliary layers (or fail, or be ready
     without them, or time out), then check them."""
     return wait_for_aux_layers(
-        profile,
-        lambda: journal_of_current_run(unit),
-        timeout_s=timeout_s,
-        failed=lambda: unit_failed(unit),
-        ready=ready,
+        profile, lambda: journal_of_current_run(unit), timeout_s=timeout_s, failed=unit_down(unit), ready=ready
     )

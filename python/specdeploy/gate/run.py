@@ -290,7 +290,11 @@ def _gate(
     report.startup_log = _check_startup_log(profile, options, report.endpoint)
     report.write()
     if report.startup_log["ok"]:
-        smoke_options = smoke.SmokeOptions(api_key=options.api_key, show_progress=options.show_progress)
+        smoke_options = smoke.SmokeOptions(
+            api_key=options.api_key,
+            show_progress=options.show_progress,
+            engine_down=startup_log.unit_down(options.unit) if options.log_file is None else None,
+        )
         result = smoke.run(profile, report.endpoint, smoke_options)
         report.smoke = result.to_json()
         verdict = Verdict(result.verdict.value)

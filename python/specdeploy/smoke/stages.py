@@ -16,6 +16,7 @@ import ast
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -101,6 +102,9 @@ class SmokeOptions:
     api_key: str | None = None
     show_progress: bool = True
     readiness_timeout_s: float | None = None
+    # Why the engine stopped trying to serve (the gate probes its unit), or None: readiness
+    # ends at once instead of polling a crash-looping engine for the whole timeout.
+    engine_down: Callable[[], str | None] | None = None
 
 
 # --------------------------------------------------------------------------- known answers
@@ -210,6 +214,8 @@ class Smoke:
         with self._progress() as progress:
             progress.add_task(f"waiting for {self.client.base_url} to serve {model}", total=None)
             while time.monotonic() < deadline:
+                if self.options.engine_down is not None and (reason := self.options.engine_down()):
+                    return Stage("readiness", Status.error, f"the engine stopped before it was ready: {reason}")
                 if self.client.healthy():
                     try:
                         served = self.client.served_models()
