@@ -52,3 +52,27 @@ def test_a_missing_nvidia_smi_names_the_driver_fix(tmp_path: Path) -> None:
     with pytest.raises(gpus.GpuQueryError, match="not found") as info:
         gpus.run_nvidia_smi(str(tmp_path / "nvidia-smi"), "-q")
     assert "driver" in (info.value.hint or "")
+
+
+H200 = DATA / "h200-x2-r580"  # recorded by this project on a real 2x H200 host, driver 580.159.04
+
+
+def test_the_r580_topology_is_read_through_its_ansi_underlined_header() -> None:
+    """topo.txt was recorded on a real host: its header is `\\t\\x1b[4mGPU0\\tGPU1...\\x1b[0m`."""
+    text = (H200 / "topo.txt").read_text()
+    assert "\x1b[4m" in text
+    assert gpus.parse_topology(text) == {(0, 1): "NV18", (1, 0): "NV18"}
+    assert gpus.without_nvlink(gpus.parse_topology(text), 2) == []
+
+
+def test_compute_capability_comes_from_the_driver_field_when_there_is_one() -> None:
+    """csv.txt was recorded on a real host; a GPU the name table does not know still gets its
+    capability, and the driver's figure wins over the table."""
+    caps = gpus.parse_capabilities((H200 / "csv.txt").read_text())
+    assert caps == {"00000000:00:06.0": 9.0, "00000000:00:07.0": 9.0}
+    inventory = gpus.parse_query((H200 / "q.txt").read_text())
+    gpus.with_capabilities(inventory, caps)
+    assert [g.reported_capability for g in inventory.gpus] == [9.0, 9.0]
+    unknown = gpus.Gpu("00000000:00:06.0", "NVIDIA Future GPU", 11.0)
+    assert unknown.compute_capability == 11.0 and gpus.Gpu("x", "NVIDIA Future GPU").compute_capability is None
+    assert gpus.parse_capabilities('Field "compute_cap" is not a valid field to query.') == {}

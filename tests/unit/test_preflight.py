@@ -19,8 +19,9 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
 
 def _stand_in(tmp_path: Path, record: str, topo: str | None = None) -> str:
     directory = tmp_path / record
-    directory.mkdir()
-    shutil.copy(DATA / record / "q.txt", directory / "q.txt")
+    directory.mkdir(parents=True)
+    for recorded in (DATA / record).glob("*.txt"):  # q.txt, and topo.txt / csv.txt where recorded
+        shutil.copy(recorded, directory / recorded.name)
     if topo:
         shutil.copy(DATA / "topo" / topo, directory / "topo.txt")
     shutil.copy(DATA / "stand-in.sh", directory / "nvidia-smi")
@@ -120,3 +121,18 @@ def test_gated_drafter_needs_a_token_unless_weights_come_from_an_archive() -> No
     assert "ansible-vault" in missing.fix
     assert preflight.token_check(profile, preflight.Options(token_present=True)).level == "ok"
     assert preflight.token_check(profile, preflight.Options(weights_source="archive")).level == "skip"
+
+
+def test_the_recorded_r580_host_reads_nv18_and_compute_capability_9_from_the_driver(tmp_path: Path) -> None:
+    """Recorded on a real 2x H200 host, driver 580.159.04 (tests/data/nvidia-smi/h200-x2-r580):
+    `topo -m` underlines its header with ANSI escapes, which once read as "topology
+    unreadable"; the capability comes from the driver's compute_cap field, not the name table."""
+    smi = _stand_in(tmp_path, "h200-x2-r580")
+    checks = {c.name: c for c in preflight.gpu_checks(load_profile("a6000-mtp"), preflight.Options(nvidia_smi=smi))}
+    assert checks["nvlink"].level == "ok" and "NV18" in checks["nvlink"].found
+    assert "compute capability 9.0 (reported by the driver)" in checks["compute capability"].found
+    # a record without the csv answers as a driver without the field: the name table decides
+    old = _stand_in(tmp_path / "old", "a6000-x4-r515")
+    rows = [c for c in preflight.gpu_checks(load_profile("a6000-mtp"), preflight.Options(nvidia_smi=old))]
+    capability = next(c for c in rows if c.name == "compute capability")
+    assert "compute capability 8.6 (by product name)" in capability.found

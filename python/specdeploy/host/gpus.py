@@ -1,8 +1,11 @@
-"""What a host's GPUs are, read from `nvidia-smi -q` and `nvidia-smi topo -m`.
+"""What a host's GPUs are, read from `nvidia-smi -q`, `--query-gpu` and `topo -m`.
 
 Parsers only: they take the text a real nvidia-smi printed (tests replay outputs recorded
 on real hosts, tests/data/nvidia-smi). Driver R610+ renamed the header fields
-("KMD Version", "CUDA UMD Version"); both spellings are read.
+("KMD Version", "CUDA UMD Version"); both spellings are read. A real R580 host underlines
+`topo -m`'s header with ANSI escapes even into a pipe, which hid the whole matrix: escapes
+are stripped first. The compute capability comes from the driver's own `compute_cap` field;
+the product-name table below is only for drivers too old to report it.
 """
 
 from __future__ import annotations
@@ -53,9 +56,12 @@ class GpuQueryError(SpecdeployError):
 class Gpu:
     bus_id: str
     name: str
+    reported_capability: float | None = None  # the driver's compute_cap, when it has the field
 
     @property
     def compute_capability(self) -> float | None:
+        if self.reported_capability is not None:
+            return self.reported_capability
         for model in sorted(COMPUTE_CAPABILITY, key=len, reverse=True):
             if model in self.name:
                 return COMPUTE_CAPABILITY[model]
@@ -107,9 +113,39 @@ def parse_query(text: str) -> GpuInventory:
     return GpuInventory(driver, None if cuda in (None, "N/A", "Not Found") else cuda, attached, gpus)
 
 
+# The query a real R580 host answered (tests/data/nvidia-smi/h200-x2-r580/csv.txt), read by header.
+CAPABILITY_QUERY = ("--query-gpu=name,compute_cap,driver_version,pci.bus_id,memory.total", "--format=csv")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def parse_capabilities(text: str) -> dict[str, float]:
+    """Parse the CSV of CAPABILITY_QUERY (header included): {bus id: compute capability}."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return {}
+    header = [h.strip().split(" ")[0] for h in lines[0].split(",")]
+    if "pci.bus_id" not in header or "compute_cap" not in header:
+        return {}
+    bus, cap = header.index("pci.bus_id"), header.index("compute_cap")
+    found: dict[str, float] = {}
+    for line in lines[1:]:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) == len(header) and re.fullmatch(r"\d+\.\d+", cells[cap]):
+            found[cells[bus].upper()] = float(cells[cap])
+    return found
+
+
+def with_capabilities(inventory: GpuInventory, capabilities: dict[str, float]) -> GpuInventory:
+    """The inventory with each GPU's driver-reported compute capability."""
+    inventory.gpus = [
+        Gpu(g.bus_id, g.name, capabilities.get(g.bus_id.upper(), g.reported_capability)) for g in inventory.gpus
+    ]
+    return inventory
+
+
 def parse_topology(text: str) -> dict[tuple[int, int], str]:
     """Parse the GPU-to-GPU part of `nvidia-smi topo -m`: {(i, j): "NV6" | "PHB" | ...}."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in _ANSI.sub("", text).splitlines() if ln.strip()]
     header = next((ln for ln in lines if re.match(r"^\s+GPU0\b", ln)), None)
     if header is None:
         raise GpuQueryError("nvidia-smi topo -m printed no GPU matrix")

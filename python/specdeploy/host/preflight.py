@@ -87,6 +87,10 @@ def gpu_checks(profile: Profile, options: Options) -> list[Check]:
         inventory = gpus.parse_query(gpus.run_nvidia_smi(options.nvidia_smi, "-q"))
     except gpus.GpuQueryError as exc:
         return [Check("gpus", Level.fail, exc.message, f">= {tp} NVIDIA GPU(s)", exc.hint or "")]
+    # the driver's own compute capability; drivers without the field fall back to the name table
+    with contextlib.suppress(gpus.GpuQueryError):
+        reported = gpus.run_nvidia_smi(options.nvidia_smi, *gpus.CAPABILITY_QUERY)
+        gpus.with_capabilities(inventory, gpus.parse_capabilities(reported))
     names = ", ".join(sorted({g.name for g in inventory.gpus})) or "names not shown"
     checks = [_count_check(inventory, tp, names), *_capability_checks(profile, inventory)]
     checks.append(_driver_check(profile, inventory))
@@ -115,7 +119,8 @@ def _capability_checks(profile: Profile, inventory: gpus.GpuInventory) -> list[C
     checks = []
     for gpu in inventory.gpus:
         cap = gpu.compute_capability
-        found = f"{gpu.name} ({gpu.bus_id}): " + (f"compute capability {cap}" if cap else "unknown model")
+        source = "reported by the driver" if gpu.reported_capability is not None else "by product name"
+        found = f"{gpu.name} ({gpu.bus_id}): " + (f"compute capability {cap} ({source})" if cap else "unknown model")
         if cap is None:
             fix = "add the model to specdeploy.host.gpus.COMPUTE_CAPABILITY (developer.nvidia.com/cuda-gpus)"
             checks.append(Check("compute capability", Level.fail, found, expected, fix))
