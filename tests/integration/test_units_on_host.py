@@ -7,6 +7,7 @@ every engine flag intact."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -75,6 +76,16 @@ def test_quadlet_dry_run_renders_the_gpu_profiles(host: Host, name: str) -> None
     ):
         assert expected in exec_start, expected
     assert "Restart=on-failure" in generated
+    # The health command as podman will run it (a shell string): quadlet 5.4.2 once dropped the
+    # closing quote of `HealthCmd=python3 -c "..."`, so /health answered 200 while every check
+    # failed with "Unterminated quoted string" and the unit never became healthy.
+    argv = shlex.split(exec_start.removeprefix("ExecStart="))
+    health = argv[argv.index("--health-cmd") + 1]
+    syntax = subprocess.run(["sh", "-n", "-c", health], capture_output=True, text=True)
+    assert syntax.returncode == 0, f"{health!r}: {syntax.stderr}"
+    probe = shlex.split(health)
+    assert probe[:2] == ["python3", "-c"] and f"http://127.0.0.1:{profile.engine.serve.port}/health" in probe[2]
+    compile(probe[2], "<health probe>", "exec")  # the probe itself is valid Python
     command = engine_args.render(
         profile, model=f"/models/{profile.target.repo}", drafter="/serving/drafter" if profile.drafter else None
     )

@@ -70,8 +70,10 @@ def render_quadlet(
     command = engine_args.render(profile, model=model, drafter=drafter, python="python3")
     args = command.argv[3:]  # the image's ENTRYPOINT is `python3 -m <engine module>`
     port = serve.port
-    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/health', timeout=5)"
-    health = f'python3 -c "{probe}"'
+    # Single quotes outside: podman 5.4.2's quadlet drops the closing double quote of
+    # `HealthCmd=python3 -c "..."`, and the check then never passes (tests/integration/test_units_on_host.py).
+    probe = f'import urllib.request; urllib.request.urlopen("http://127.0.0.1:{port}/health", timeout=5)'
+    health = f"python3 -c '{probe}'"
     lines = [
         *_unit_section(profile, profile_file),
         "[Container]",
