@@ -109,3 +109,46 @@ def test_the_smoke_gate_role_is_one_call_to_specdeploy_gate() -> None:
     assert len(commands) == 1 and commands[0][1] == "gate", commands
     gate_yaml = (ROOT / "ansible" / "roles" / "smoke_gate" / "tasks" / "main.yml").read_text()
     assert "from_json" not in gate_yaml and "slurp" not in gate_yaml  # parses nothing
+
+
+def test_the_images_role_puts_every_file_the_containerfile_copies_into_the_host_build_context(
+    tmp_path: Path,
+) -> None:
+    """GPU-host blocker 1. The images role run for real (on localhost, with the facts
+    `specdeploy facts` prints for a6000-dflash-stock and its build context in a temporary
+    folder) up to the point where it needs a GPU: every COPY source of the profile's
+    Containerfile must then be in the build context, or `podman build` on the host fails at
+    that COPY."""
+    import json
+
+    from dockerfile_parse import DockerfileParser
+
+    from specdeploy.core import layout
+    from specdeploy.profile import load_profile
+    from specdeploy.profile.facts import deploy_facts
+
+    profile = load_profile("a6000-dflash-stock")
+    facts = deploy_facts(profile, layout.HostLayout(), layout.InstallLayout(root=tmp_path / "opt"))
+    playbook = tmp_path / "images.yml"
+    playbook.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles: [images]\n")
+    extra = tmp_path / "vars.json"
+    extra.write_text(
+        json.dumps({"specdeploy_facts": facts, "images_source": "build", "images_containerfiles_src": str(ROOT)})
+    )
+    done = subprocess.run(
+        [str(BIN / "ansible-playbook"), str(playbook), "-e", f"@{extra}"],
+        cwd=ROOT / "ansible", capture_output=True, text=True,
+        env={**ENV, "ANSIBLE_ROLES_PATH": str(ROOT / "ansible" / "roles")},
+    )  # fmt: skip
+    # the first task that needs a GPU host (nvidia-smi) stops it here; the context is copied by then
+    assert "Read the driver version" in done.stdout, done.stdout[-3000:]
+    context = tmp_path / "opt" / "build"
+    parser = DockerfileParser(fileobj=(ROOT / "Containerfile.vllm").open("rb"))
+    sources = [
+        ins["value"].split()[0]
+        for ins in parser.structure
+        if ins["instruction"] == "COPY" and not ins["value"].startswith("--from")
+    ]
+    assert sources and [s for s in sources if not (context / s).is_file()] == [], sorted(
+        str(p.relative_to(context)) for p in context.rglob("*") if p.is_file()
+    )
