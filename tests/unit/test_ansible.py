@@ -152,3 +152,65 @@ def test_the_images_role_puts_every_file_the_containerfile_copies_into_the_host_
     assert sources and [s for s in sources if not (context / s).is_file()] == [], sorted(
         str(p.relative_to(context)) for p in context.rglob("*") if p.is_file()
     )
+
+
+CANARY = "hf_CANARYtokenNeverOnACommandLine0123456789"
+
+
+def test_the_hub_token_reaches_fetch_and_preflight_on_stdin_only_and_no_empty_mirror(tmp_path: Path) -> None:
+    """GPU-host blockers 2 and 3, with a canary token. The preflight and weights roles run for
+    real (localhost, `-vvv`) with a stand-in CLI that records how it was called and lingers;
+    meanwhile every process's command line is scanned. A task's `environment:` put the token
+    on the remote shell's command line (ansible/ansible#13664) and an empty HF_ENDPOINT broke
+    huggingface_hub ("UnsupportedProtocol"): the token must arrive on stdin only, appear in
+    no process's argv and no output, and no mirror means no HF_ENDPOINT at all."""
+    import json
+    import time
+
+    from specdeploy.core import layout
+    from specdeploy.profile import load_profile
+    from specdeploy.profile.facts import deploy_facts
+
+    record = tmp_path / "calls.txt"
+    cli = tmp_path / "specdeploy"
+    cli.write_text(
+        "#!/bin/sh\n"
+        f'{{ echo "argv: $*"; echo "HF_ENDPOINT=${{HF_ENDPOINT-unset}}"; echo "HF_TOKEN=${{HF_TOKEN-unset}}"; '
+        f'echo "stdin: $(head -n 1)"; }} >> "{record}"\n'
+        "sleep 2\n"
+        "echo '{\"checks\": []}'\n"
+    )
+    cli.chmod(0o755)
+    host = layout.local_layout(tmp_path / "host")
+    facts = deploy_facts(load_profile("a6000-dflash"), host, layout.InstallLayout(root=tmp_path / "opt"))
+    facts["install"]["cli"] = str(cli)
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles: [preflight, weights]\n"
+    )
+    extra = tmp_path / "vars.json"
+    extra.write_text(json.dumps({"specdeploy_facts": facts, "weights_source": "hub", "weights_hf_token": CANARY}))
+    play = subprocess.Popen(
+        [str(BIN / "ansible-playbook"), "-vvv", str(playbook), "-e", f"@{extra}"],
+        cwd=ROOT / "ansible", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**ENV, "ANSIBLE_ROLES_PATH": str(ROOT / "ansible" / "roles")},
+    )  # fmt: skip
+    seen_in_argv = []
+    while play.poll() is None:
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if CANARY.encode() in cmdline.read_bytes():
+                    seen_in_argv.append(cmdline.read_bytes().replace(b"\0", b" ")[:200])
+            except OSError:
+                pass
+        time.sleep(0.05)
+    output = play.stdout.read() if play.stdout else ""
+    assert play.returncode == 0, output[-3000:]
+    assert seen_in_argv == []  # no process ever had the token on its command line
+    calls = record.read_text().split("argv: ")[1:]
+    assert len(calls) == 2, record.read_text()  # preflight, then fetch
+    for call in calls:
+        assert f"stdin: {CANARY}" in call and "--token-stdin" in call
+        assert "HF_TOKEN=unset" in call and "HF_ENDPOINT=unset" in call
+        assert CANARY not in call.split("\n")[0]  # not in argv
+    assert CANARY not in output

@@ -87,3 +87,16 @@ def test_a_profile_with_host_paths_is_refused_naming_the_inventory_variables(tmp
     result = CliRunner().invoke(app, ["profile", "show", str(tmp_path / "cpu-rehearsal.yaml")])
     assert result.exit_code == 2
     assert "field paths" in result.stderr and "specdeploy_models_dir" in result.stderr
+
+
+def test_the_token_is_read_from_stdin_and_an_empty_line_means_none(monkeypatch: Any) -> None:
+    """`--token-stdin` (how Ansible hands the token over) reads one line; nothing else is read."""
+    import io
+
+    from specdeploy.weights.fetch import read_token
+
+    monkeypatch.setenv("HF_TOKEN", "hf_from_environment")
+    monkeypatch.setattr("sys.stdin", io.StringIO("hf_from_stdin\nnext line\n"))
+    assert read_token(None, from_stdin=True) == "hf_from_stdin"
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n"))
+    assert read_token(None, from_stdin=True) is None  # stdin wins, even empty: never the environment

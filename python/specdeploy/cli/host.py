@@ -24,11 +24,14 @@ def preflight(
     token_file: Annotated[
         Path | None, typer.Option(help="a file holding the hub token (mode 600)", **base.InputFile)
     ] = None,
+    token_stdin: Annotated[
+        bool, typer.Option("--token-stdin", help="read the HF token from standard input (how Ansible passes it)")
+    ] = False,
 ) -> None:
     """Check the host can run the profile: GPUs, compute capability, driver, NVLink, disk,
     podman, port, hub token. Exit 0 when nothing fails (warnings allowed), 1 otherwise."""
     p = load_profile(profile)
-    token = read_token(token_file) is not None  # the same rules as the fetch: mode 600, else $HF_TOKEN
+    token = read_token(token_file, from_stdin=token_stdin) is not None  # the same rules as the fetch: mode 600, else $HF_TOKEN
     options = checks.Options(
         nvidia_smi=nvidia_smi,
         podman=podman,

@@ -22,6 +22,9 @@ def fetch(
     token_file: Annotated[
         Path | None, typer.Option(help="file holding the HF token (mode 600); else $HF_TOKEN", **base.InputFile)
     ] = None,
+    token_stdin: Annotated[
+        bool, typer.Option("--token-stdin", help="read the HF token from standard input (how Ansible passes it)")
+    ] = False,
     only: Annotated[str | None, typer.Option(help="fetch only 'target' or 'drafter'")] = None,
     as_json: base.JsonOpt = False,
 ) -> None:
@@ -35,7 +38,7 @@ def fetch(
         p,
         dest,
         lock=base.lock_at(lock),
-        token=weights.read_token(token_file),
+        token=weights.read_token(token_file, from_stdin=token_stdin),
         endpoint=endpoint or os.environ.get("HF_ENDPOINT"),
         only=only,
     )

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,11 @@ class RepoResult:
 # --------------------------------------------------------------------------- tokens
 
 
-def read_token(token_file: Path | None) -> str | None:
-    """The HF token from a file (refused when others can read it) or $HF_TOKEN."""
+def read_token(token_file: Path | None, *, from_stdin: bool = False) -> str | None:
+    """The HF token from standard input (how Ansible hands it over: never on a command line,
+    in a task's environment or in a file), a file (refused when others can read it), or $HF_TOKEN."""
+    if from_stdin:
+        return sys.stdin.readline().strip() or None
     if token_file is not None:
         mode = token_file.stat().st_mode
         if mode & (stat.S_IRGRP | stat.S_IROTH | stat.S_IWGRP | stat.S_IWOTH):
