@@ -31,7 +31,8 @@ def preflight(
     """Check the host can run the profile: GPUs, compute capability, driver, NVLink, disk,
     podman, port, hub token. Exit 0 when nothing fails (warnings allowed), 1 otherwise."""
     p = load_profile(profile)
-    token = read_token(token_file, from_stdin=token_stdin) is not None  # the same rules as the fetch: mode 600, else $HF_TOKEN
+    # the same rules as the fetch: stdin, else a mode-600 file, else $HF_TOKEN
+    token = read_token(token_file, from_stdin=token_stdin) is not None
     options = checks.Options(
         nvidia_smi=nvidia_smi,
         podman=podman,

@@ -187,7 +187,9 @@ def image_tag(profile: Profile) -> str:
 def build_argv(profile: Profile, args: dict[str, str], *, context: Path, podman: str) -> list[str]:
     assert profile.engine.image is not None
     containerfile = str(context / profile.engine.image.containerfile)
-    argv = [*podman_cmd(podman), "build", "--file", containerfile, "--tag", image_tag(profile)]
+    # docker format: podman's default OCI format ignores SHELL, and with it `pipefail`, so a
+    # failing command left of a pipe would pass the build silently
+    argv = [*podman_cmd(podman), "build", "--format", "docker", "--file", containerfile, "--tag", image_tag(profile)]
     for key, value in sorted(args.items()):
         argv += ["--build-arg", f"{key}={value}"]
     return argv + [str(context)]
