@@ -114,6 +114,30 @@ def test_podman_version(tmp_path: Path, version: str, level: str) -> None:
     assert check.level == level and check.found == version
 
 
+@pytest.mark.parametrize(
+    ("candidate", "level", "fix"),
+    [
+        ("5.4.2+ds1-2", "ok", ""),  # trixie: gpu_runtime will install a podman new enough
+        ("4.3.1+ds1-8+deb12u1", "fail", "Debian trixie"),  # bookworm: it would install one too old
+        ("(none)", "fail", "Debian trixie"),
+    ],
+)
+def test_an_absent_podman_is_judged_by_what_gpu_runtime_will_install(
+    tmp_path: Path, candidate: str, level: str, fix: str
+) -> None:
+    """GPU-host blocker 7: preflight runs before gpu_runtime installs podman, and refused every
+    fresh GPU host for "podman not installed". apt's candidate decides instead (apt-cache stand-in
+    printing what `apt-cache policy podman` prints)."""
+    apt = tmp_path / "apt-cache"
+    apt.write_text(f"#!/bin/sh\necho 'podman:'\necho '  Installed: (none)'\necho '  Candidate: {candidate}'\n")
+    apt.chmod(0o755)
+    options = preflight.Options(podman=str(tmp_path / "no-podman"), apt_cache=str(apt))
+    check = preflight.podman_check(load_profile("a6000-mtp"), options)
+    assert check.level == level and check.fix.startswith("use a distribution") == bool(fix)
+    if candidate != "(none)":
+        assert f"gpu_runtime installs podman {candidate}" in check.found
+
+
 def test_gated_drafter_needs_a_token_unless_weights_come_from_an_archive() -> None:
     profile = load_profile("a6000-dflash")
     missing = preflight.token_check(profile, preflight.Options())

@@ -59,6 +59,7 @@ class Report:
 class Options:
     nvidia_smi: str = "nvidia-smi"
     podman: str = "podman"
+    apt_cache: str = "apt-cache"  # where podman is absent: what the gpu_runtime role would install
     unit: str = layout.UNIT_NAME
     weights_source: str = "hub"  # "archive": weights arrive without the hub; no token needed
     token_present: bool = False
@@ -229,17 +230,34 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in match.groups() if x is not None) if match else ()
 
 
+def _apt_candidate(apt_cache: str, package: str) -> str | None:
+    """The version `apt-get install package` would install, or None (no apt, or no candidate)."""
+    try:
+        done = subprocess.run([apt_cache, "policy", package], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"Candidate:\s*(\S+)", done.stdout)
+    return match.group(1) if match and match.group(1) != "(none)" else None
+
+
 def podman_check(profile: Profile, options: Options) -> Check:
+    """podman new enough for the quadlet's health keys. Preflight runs before gpu_runtime
+    installs podman, so an absent podman is judged by the version the distribution would install."""
     minimum = profile.host.podman_min if profile.host else None
     if profile.engine.runtime != "container" or minimum is None:
         return Check("podman", Level.skip, f"runtime {profile.engine.runtime}", "no container engine needed")
     expected = f">= {minimum} (quadlet health checks)"
+    upgrade = f"use a distribution whose podman is {minimum}+ (Debian trixie, Ubuntu 24.04; bookworm ships 4.3)"
     try:
         done = subprocess.run([options.podman, "--version"], capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
-        return Check(
-            "podman", Level.fail, "podman not installed", expected, "install podman (Debian trixie, Ubuntu 24.04)"
-        )
+        candidate = _apt_candidate(options.apt_cache, "podman")
+        if candidate is None:
+            return Check("podman", Level.fail, "podman not installed, and apt offers none", expected, upgrade)
+        found = f"podman not installed yet; gpu_runtime installs podman {candidate} (apt candidate)"
+        if _version(candidate) >= _version(minimum):
+            return Check("podman", Level.ok, found, expected)
+        return Check("podman", Level.fail, found, expected, upgrade)
     found = done.stdout.strip() or done.stderr.strip()
     if _version(found) >= _version(minimum):
         return Check("podman", Level.ok, found, expected)
