@@ -67,7 +67,7 @@ def test_quadlet_dry_run_renders_the_gpu_profiles(host: Host, name: str) -> None
     exec_start = next(line for line in generated.splitlines() if line.startswith("ExecStart="))
     for expected in (
         "--device nvidia.com/gpu=all",
-        f"--publish {profile.engine.serve.host}:{profile.engine.serve.port}:{profile.engine.serve.port}",
+        f"--publish 127.0.0.1:{profile.engine.serve.port}:{profile.engine.serve.port}",  # loopback unless exposed
         f"-v {layout.HostLayout().models}:/models:ro",
         "--sdnotify=healthy",
         "--health-cmd",

@@ -35,3 +35,18 @@ def test_exec_line_round_trips_every_argument() -> None:
     line = "ExecStart=" + units._exec_line(argv)
     assert '"/models/x y"' in line and "/serving/%%d$$HOME" in line
     assert exec_argv(line) == argv
+
+
+def test_a_container_engine_is_published_on_loopback_unless_the_host_says_otherwise(cli: Any) -> None:
+    """GPU-host blocker 5: the port was published on the profile's serve.host, 0.0.0.0, leaving
+    the routes vLLM's key does not guard (/metrics, /tokenize, /invocations) open to the network."""
+    profile = load_profile("a6000-dflash")
+    image = f"{profile.engine.image.name}@sha256:{'0' * 64}"
+    assert profile.engine.serve.host == "0.0.0.0"  # inside the container, all interfaces
+    default = units.render(profile, image=image).text
+    assert "PublishPort=127.0.0.1:8000:8000" in default and "PublishPort=0.0.0.0" not in default
+    exposed = cli("unit", "render", "--profile", "a6000-dflash", "--image", image, "--publish-host", "10.1.2.3")
+    assert "PublishPort=10.1.2.3:8000:8000" in exposed.stdout
+    facts = json.loads(cli("facts", "--profile", "a6000-dflash", "--publish-host", "10.1.2.3").stdout)
+    assert facts["unit"]["publish_host"] == "10.1.2.3"
+    assert json.loads(cli("facts", "--profile", "a6000-dflash").stdout)["unit"]["publish_host"] == "127.0.0.1"

@@ -101,6 +101,15 @@ def lock_at(path: Path | None) -> Lock:
     return Lock(path or default_lock_path())
 
 
+PublishHostOpt = Annotated[
+    str | None,
+    typer.Option(
+        help=f"host address a container engine's port is published on (default {layout.DEFAULT_PUBLISH_HOST}; "
+        "another address exposes routes the API key does not guard)"
+    ),
+]
+
+
 def host_layout(
     models_dir: str | None = None,
     serving_dir: str | None = None,

@@ -31,9 +31,17 @@ def _render(
     host: base.layout.HostLayout,
     profile_file: str | None = None,
     python: str | None = None,
+    publish_host: str | None = None,
 ) -> units.RenderedUnit:
     try:
-        return units.render(load_profile(profile), host=host, image=image, profile_file=profile_file, python=python)
+        return units.render(
+            load_profile(profile),
+            host=host,
+            image=image,
+            profile_file=profile_file,
+            python=python,
+            publish_host=publish_host or base.layout.DEFAULT_PUBLISH_HOST,
+        )
     except ValueError as exc:
         raise SpecdeployError(str(exc), hint="pass --image REF@sha256:DIGEST") from None
 
@@ -46,9 +54,11 @@ def unit_render(
     serving_dir: base.ServingDirOpt = None,
     cache_dir: base.CacheDirOpt = None,
     python: PythonOpt = None,
+    publish_host: base.PublishHostOpt = None,
 ) -> None:
     """Print the unit: a quadlet .container (GPU profiles) or a venv service (rehearsal)."""
-    unit = _render(profile, image, base.host_layout(models_dir, serving_dir, cache_dir=cache_dir), python=python)
+    host = base.host_layout(models_dir, serving_dir, cache_dir=cache_dir)
+    unit = _render(profile, image, host, python=python, publish_host=publish_host)
     sys.stdout.write(unit.text)
 
 
@@ -66,11 +76,12 @@ def unit_install(
     rollback_dir: base.RollbackDirOpt = None,
     run_id: base.RunIdOpt = "",
     python: PythonOpt = None,
+    publish_host: base.PublishHostOpt = None,
 ) -> None:
     """Write the unit atomically; prints JSON {"changed": ..., "path": ...} for Ansible."""
     host = base.host_layout(models_dir, serving_dir, state_dir, cache_dir)
     copy = str(units.keep_profile_copy(resolve_profile_path(profile), host)) if state_dir else None
-    unit = _render(profile, image, host, copy, python)
+    unit = _render(profile, image, host, copy, python, publish_host)
     keeper = Keeper(rollback_dir, run_id) if rollback_dir is not None else None
     changed = units.install(unit, dest, keeper)
     output.emit({"changed": changed, "path": str(dest / unit.filename)}, True, lambda: None)

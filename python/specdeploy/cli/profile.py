@@ -66,13 +66,15 @@ def facts(
     state_dir: base.StateDirOpt = None,
     cache_dir: base.CacheDirOpt = None,
     install_root: Annotated[str | None, typer.Option(help="where the CLI is installed on the host")] = None,
+    publish_host: base.PublishHostOpt = None,
 ) -> None:
     """Print, as JSON, what the Ansible roles need: profile values, host paths (with the
     inventory's overrides), the engine unit. The play reads it once, on the controller."""
     p = load_profile(resolve_profile_path(profile))
     host = base.host_layout(models_dir, serving_dir, state_dir, cache_dir)
     install = layout.InstallLayout(Path(install_root)) if install_root else layout.InstallLayout()
-    output.emit(deploy_facts(p, host, install), True, lambda: None)
+    facts = deploy_facts(p, host, install, publish_host=publish_host or layout.DEFAULT_PUBLISH_HOST)
+    output.emit(facts, True, lambda: None)
 
 
 def register(app: typer.Typer) -> None:

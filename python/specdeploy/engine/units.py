@@ -61,7 +61,12 @@ def _model_paths(profile: Profile, host: layout.HostLayout) -> tuple[str, str | 
 
 
 def render_quadlet(
-    profile: Profile, *, image: str, host: layout.HostLayout, profile_file: str | None = None
+    profile: Profile,
+    *,
+    image: str,
+    host: layout.HostLayout,
+    profile_file: str | None = None,
+    publish_host: str = layout.DEFAULT_PUBLISH_HOST,
 ) -> RenderedUnit:
     """A quadlet `.container` for a GPU profile (podman >= 4.5 for the health keys)."""
     serve = profile.engine.serve
@@ -83,7 +88,9 @@ def render_quadlet(
         f"Volume={host.models}:{MODELS_IN_CONTAINER}:ro",
         f"Volume={host.serving}:{SERVING_IN_CONTAINER}:ro",
         f"Volume={host.cache}:/cache",
-        f"PublishPort={serve.host}:{port}:{port}",
+        # inside the container the engine listens on serve.host; the host publishes it on
+        # publish_host only (loopback unless the inventory exposes it)
+        f"PublishPort={publish_host}:{port}:{port}",
         "ShmSize=16g",
         *(f"Environment={k}={v}" for k, v in sorted(command.env.items())),
         *(f"Secret={secret},type=env,target={env}" for env, secret in sorted(command.secret_env.items())),
@@ -143,6 +150,7 @@ def render(
     image: str | None = None,
     python: str | None = None,
     profile_file: str | None = None,
+    publish_host: str = layout.DEFAULT_PUBLISH_HOST,
 ) -> RenderedUnit:
     """The profile's engine unit for a host laid out as `host` (default: the standard layout).
     Container profiles need the image reference (by digest); the venv runtime runs `python`
@@ -151,7 +159,7 @@ def render(
     if profile.engine.runtime == "container":
         if image is None:
             raise ValueError(f"profile {profile.name} runs in a container: pass the image reference (by digest)")
-        return render_quadlet(profile, image=image, host=host, profile_file=profile_file)
+        return render_quadlet(profile, image=image, host=host, profile_file=profile_file, publish_host=publish_host)
     python = python or str(layout.InstallLayout().venv / "bin" / "python")
     return render_service(profile, python=python, host=host, profile_file=profile_file)
 

@@ -18,7 +18,13 @@ from specdeploy.core import layout
 from specdeploy.profile.schema import Profile
 
 
-def deploy_facts(profile: Profile, host: layout.HostLayout, install: layout.InstallLayout) -> dict[str, Any]:
+def deploy_facts(
+    profile: Profile,
+    host: layout.HostLayout,
+    install: layout.InstallLayout,
+    *,
+    publish_host: str = layout.DEFAULT_PUBLISH_HOST,
+) -> dict[str, Any]:
     """The profile values, host paths and names the roles use, as one JSON-ready document."""
     installed = install.to_json()
     drafter = profile.drafter
@@ -70,5 +76,7 @@ def deploy_facts(profile: Profile, host: layout.HostLayout, install: layout.Inst
             "dir": str(layout.UNIT_FILES[profile.engine.runtime].parent),
             "user": layout.ENGINE_USER,
             "user_home": str(layout.ENGINE_HOME),
+            # the host address a container engine's port is published on (inventory override)
+            "publish_host": publish_host,
         },
     }
