@@ -73,6 +73,7 @@ def test_facts_take_the_inventorys_path_overrides(tmp_path: Path) -> None:
         "dir": "/etc/systemd/system",
         "user": "specdeploy",
         "user_home": "/var/lib/specdeploy/home",
+        "publish_host": "127.0.0.1",
     }
     quadlet = json.loads(CliRunner().invoke(app, ["facts", "--profile", "a6000-dflash"]).stdout)
     assert quadlet["unit"]["dir"] == "/etc/containers/systemd" and quadlet["profile"]["container"] is True
