@@ -214,3 +214,25 @@ def test_the_hub_token_reaches_fetch_and_preflight_on_stdin_only_and_no_empty_mi
         assert "HF_TOKEN=unset" in call and "HF_ENDPOINT=unset" in call
         assert CANARY not in call.split("\n")[0]  # not in argv
     assert CANARY not in output
+
+
+def test_a_play_without_a_limit_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """GPU-host blocker 11: `hosts: all` deployed to every host when `-l` was forgotten. Without
+    a limit the play stops at its first task, naming the fix; with `-l` it gets past it."""
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text("[a6000]\nlocalhost ansible_connection=local\n")
+
+    def play(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "ansible-playbook"), "deploy.yml", "-i", str(inventory), *extra],
+            cwd=ROOT / "ansible", capture_output=True, text=True, env=ENV,
+        )  # fmt: skip
+
+    everywhere = play()
+    assert everywhere.returncode != 0 and "refusing to deploy to every host" in everywhere.stdout
+    assert "Require a profile and a wheelhouse" not in everywhere.stdout  # nothing after it ran
+    limited = play("-l", "a6000")
+    assert "refusing to deploy to every host" not in limited.stdout
+    assert "Require a profile and a wheelhouse" in limited.stdout  # it went on (and stops there: no profile)
+    meant = play("-e", "specdeploy_all_hosts=true")
+    assert "refusing to deploy to every host" not in meant.stdout
