@@ -60,6 +60,15 @@ def _model_paths(profile: Profile, host: layout.HostLayout) -> tuple[str, str | 
     return model, drafter
 
 
+# A read-only root (hardening): every cache an engine writes goes under the /cache volume.
+CONTAINER_CACHE_ENV = {
+    "XDG_CACHE_HOME": "/cache/xdg",  # FlashInfer's JIT cache and other ~/.cache users
+    "TRITON_CACHE_DIR": "/cache/triton",
+    "TORCHINDUCTOR_CACHE_DIR": "/cache/torchinductor",
+    "VLLM_CACHE_ROOT": "/cache/vllm",
+}
+
+
 def render_quadlet(
     profile: Profile,
     *,
@@ -84,7 +93,13 @@ def render_quadlet(
         "[Container]",
         f"Image={image}",
         f"ContainerName={layout.UNIT_NAME}",
-        "AddDevice=nvidia.com/gpu=all",
+        # only the GPUs tensor parallelism uses (CDI names them by index), not every GPU of the host
+        *(f"AddDevice=nvidia.com/gpu={i}" for i in range(serve.tensor_parallel_size)),
+        # hardening: no privilege gain, no capabilities, a read-only root (podman puts tmpfs on
+        # /tmp, /var/tmp and /run); the engine writes only to /cache and /dev/shm
+        "NoNewPrivileges=true",
+        "DropCapability=all",
+        "ReadOnly=true",
         f"Volume={host.models}:{MODELS_IN_CONTAINER}:ro",
         f"Volume={host.serving}:{SERVING_IN_CONTAINER}:ro",
         f"Volume={host.cache}:/cache",
@@ -92,7 +107,7 @@ def render_quadlet(
         # publish_host only (loopback unless the inventory exposes it)
         f"PublishPort={publish_host}:{port}:{port}",
         "ShmSize=16g",
-        *(f"Environment={k}={v}" for k, v in sorted(command.env.items())),
+        *(f"Environment={k}={v}" for k, v in sorted((CONTAINER_CACHE_ENV | command.env).items())),
         *(f"Secret={secret},type=env,target={env}" for env, secret in sorted(command.secret_env.items())),
         f"Exec={_exec_line(args)}",
         f"HealthCmd={health}",
@@ -114,6 +129,38 @@ def render_quadlet(
     return RenderedUnit(layout.UNIT_FILES["container"].name, "\n".join(lines))
 
 
+# The venv service's sandbox (`systemd-analyze security`: 9.2 "UNSAFE" without it). What stays
+# exposed, and why: MemoryDenyWriteExecute (torch and Triton JIT-compile into writable
+# executable memory); SystemCallFilter (vLLM-CPU binds memory to NUMA nodes with mbind and
+# set_mempolicy, which @system-service lacks); ProcSubset=pid (vLLM reads /proc/cpuinfo and
+# /proc/meminfo); PrivateNetwork and IPAddressDeny (it serves over TCP); PrivateUsers (the
+# engine user's files on the host must keep their owner).
+HARDENING = (
+    "NoNewPrivileges=yes",
+    "CapabilityBoundingSet=",
+    "AmbientCapabilities=",
+    "ProtectSystem=strict",
+    "ProtectHome=yes",
+    "PrivateTmp=yes",
+    "PrivateDevices=yes",
+    "ProtectKernelTunables=yes",
+    "ProtectKernelModules=yes",
+    "ProtectKernelLogs=yes",
+    "ProtectControlGroups=yes",
+    "ProtectClock=yes",
+    "ProtectHostname=yes",
+    "ProtectProc=invisible",
+    "RestrictNamespaces=yes",
+    "RestrictRealtime=yes",
+    "RestrictSUIDSGID=yes",
+    "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+    "LockPersonality=yes",
+    "SystemCallArchitectures=native",
+    "RemoveIPC=yes",
+    "UMask=0077",
+)
+
+
 def render_service(
     profile: Profile, *, python: str, host: layout.HostLayout, profile_file: str | None = None
 ) -> RenderedUnit:
@@ -125,6 +172,9 @@ def render_service(
         "[Service]",
         "Type=exec",
         f"User={layout.ENGINE_USER}",
+        *HARDENING,
+        # the only place it writes: its home (vLLM's caches); models and serving stay read-only
+        f"ReadWritePaths={layout.ENGINE_HOME}",
         *(f"Environment={systemd_quote(f'{k}={v}')}" for k, v in sorted(command.env.items())),
         *(f"LoadCredential={secret}" for secret in sorted(command.secret_env.values())),
         f"ExecStart={_exec_line(command.argv)}",
