@@ -227,7 +227,7 @@ def test_a_switch_to_an_engine_that_cannot_start_is_rolled_back_at_once(
     """What a GPU host sees when the new image does not start (a driver it cannot use, a flag
     the release dropped): the engine exits at start and systemd restarts it in a loop. The play
     reaches the gate anyway; the gate reads the crash loop from the unit (never "failed" under
-    `Restart=on-failure`) instead of polling for the readiness timeout, and rolls back."""
+    `Restart=always` until the start limit) instead of polling for the readiness timeout, and rolls back."""
     base = load_profile(SWITCH)
     broken = variants.derive(
         base,

@@ -10,6 +10,7 @@ import json
 import re
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,7 @@ def test_quadlet_dry_run_renders_the_gpu_profiles(host: Host, name: str) -> None
     ):
         assert expected in exec_start, expected
     assert "nvidia.com/gpu=all" not in exec_start and f"nvidia.com/gpu={tp}" not in exec_start
-    assert "Restart=on-failure" in generated
+    assert "Restart=always" in generated and "StartLimitBurst=3" in generated
     # The health command as podman will run it (a shell string): quadlet 5.4.2 once dropped the
     # closing quote of `HealthCmd=python3 -c "..."`, so /health answered 200 while every check
     # failed with "Unterminated quoted string" and the unit never became healthy.
@@ -130,3 +131,34 @@ def test_the_rehearsal_service_is_hardened_below_systemds_unsafe_line(host: Host
     assert match, done.stdout[-1500:] + done.stderr
     assert float(match.group(1)) < 5.0, done.stdout[-2500:]
     print(match.group(0))  # the figure docs/benchmarks.md records
+
+
+def test_an_engine_that_exits_0_is_restarted_and_a_crash_loop_ends_failed(host: Host) -> None:
+    """vllm-project/vllm#53726: an engine whose process exits 0 when it dies was never
+    restarted under `Restart=on-failure`. On real systemd: a stand-in engine that exits 0 at
+    once (`/bin/true` in place of the venv's python) is restarted, and the start limit ends the
+    loop as `failed` within about half a minute (RestartSec=10, 3 starts)."""
+    unit = units.render(load_profile("cpu-rehearsal"), python="/bin/true")
+    name = layout.UNIT_NAME
+    # This nested trixie host lacks the CAP_SYS_ADMIN systemd needs to build the sandbox ("Failed
+    # to keep CAP_SYS_ADMIN"); the sandboxed unit itself runs vLLM in the deploy tests (bookworm
+    # host). Restart and start-limit behaviour do not depend on it.
+    text = "\n".join(line for line in unit.text.splitlines() if line not in units.HARDENING) + "\n"
+    _put(host, text, f"/etc/systemd/system/{unit.filename}")
+    host.ssh(
+        f"(id {layout.ENGINE_USER} || useradd --system --home {layout.ENGINE_HOME} {layout.ENGINE_USER}) && "
+        f"mkdir -p {layout.ENGINE_HOME} && systemctl daemon-reload && (systemctl reset-failed {name} || true)"
+    )
+    host.ssh(f"systemctl start --no-block {name}")
+    state: dict[str, str] = {}
+    for _ in range(60):
+        shown = host.ssh(f"systemctl show {name} -p ActiveState -p NRestarts -p Result").stdout
+        state = dict(line.split("=", 1) for line in shown.split())
+        if state.get("ActiveState") == "failed":
+            break
+        time.sleep(1)
+    journal = host.ssh(f"journalctl -u {name} --no-pager -n 30", check=False).stdout
+    assert state.get("ActiveState") == "failed" and "Start request repeated too quickly" in journal, (state, journal)
+    assert int(state["NRestarts"]) >= 2 and "status=217" not in journal, journal
+    assert "Deactivated successfully" in journal or "exited, code=exited, status=0" in journal  # exit 0, restarted
+    host.ssh(f"systemctl reset-failed {name}; rm /etc/systemd/system/{unit.filename}; systemctl daemon-reload")

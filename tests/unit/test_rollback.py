@@ -41,7 +41,7 @@ def test_restore_puts_back_exactly_what_the_run_replaced(tmp_path: Path) -> None
     assert unit.read_text() == "old unit\n"
     assert (serving / "config.json").read_text() == '{"old": true}'
     assert (serving / "model.safetensors").is_symlink()  # links come back as links
-    assert calls == [["daemon-reload"], ["restart", "specdeploy-engine"]]
+    assert calls == [["daemon-reload"], ["reset-failed", "specdeploy-engine"], ["restart", "specdeploy-engine"]]
     assert done.unit_action == "restarted" and set(done.restored) == {str(serving), str(unit)}
     failed = sorted((tmp_path / "rollback" / "failed").iterdir())
     assert any((f / "config.json").is_file() and "newer" in (f / "config.json").read_text() for f in failed)

@@ -177,7 +177,7 @@ def _unit(state: Path, active: str, sub: str, restarts: int, loaded: str = "load
 
 
 def test_a_crash_looping_engine_is_reported_at_once_not_after_the_timeout(systemctl_state: Path) -> None:
-    """`Restart=on-failure` never lets a unit read "failed" while it crash-loops: the probe
+    """Under `Restart=` a unit does not read "failed" while it crash-loops (until its start limit): the probe
     reads auto-restart and restarts since the wait began."""
     _unit(systemctl_state, "activating", "start", 0)
     down = startup_log.unit_down("specdeploy-engine")

@@ -227,7 +227,7 @@ def unit_down(unit: str) -> Callable[[], str | None]:
     """A probe for the engine's current start: why the unit stopped trying to serve (failed, or
     crashed and waiting to restart, or restarted since the probe was made), else None.
 
-    An engine that exits at start under `Restart=on-failure` never reads "failed": it loops
+    An engine that exits at start under `Restart=` never reads "failed" until its start limit: it loops
     through auto-restart. Without this probe the gate polled such an engine for the whole
     readiness timeout (30 minutes on the GPU profiles) and the play stopped before any rollback.
     Where the unit does not exist (a gate run by hand against another endpoint) it says nothing."""

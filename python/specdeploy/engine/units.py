@@ -41,7 +41,13 @@ class RenderedUnit:
     text: str
 
 
+# How often an engine may fail to start before systemd gives up and marks the unit failed
+# (seconds, starts): a container engine loads 27B weights for minutes, a CPU one in seconds.
+START_LIMIT = {"container": (3600, 3), "venv": (600, 3)}
+
+
 def _unit_section(profile: Profile, profile_file: str | None) -> list[str]:
+    interval, burst = START_LIMIT[profile.engine.runtime]
     return [
         layout.UNIT_HEADER.format(name=profile.name),
         *([layout.UNIT_PROFILE_LINE + profile_file] if profile_file else []),
@@ -50,6 +56,10 @@ def _unit_section(profile: Profile, profile_file: str | None) -> list[str]:
         f"Description=specdeploy {profile.name}: {profile.engine.kind} {profile.engine.source.version.value}",
         "After=network-online.target",
         "Wants=network-online.target",
+        # Restart=always (below) restarts an engine that died with exit 0 (vllm-project/vllm#53726);
+        # these end a crash loop as `failed` in bounded time, where the gate and rollback see it
+        f"StartLimitIntervalSec={interval}",
+        f"StartLimitBurst={burst}",
         "",
     ]
 
@@ -118,7 +128,7 @@ def render_quadlet(
         "LogDriver=journald",
         "",
         "[Service]",
-        "Restart=on-failure",
+        "Restart=always",
         "RestartSec=30",
         "TimeoutStartSec=2400",
         "",
@@ -182,7 +192,7 @@ def render_service(
         # is left is killed. vLLM stops in seconds, so a stuck stop need not cost 90 s of downtime.
         "KillMode=mixed",
         "TimeoutStopSec=30",
-        "Restart=on-failure",
+        "Restart=always",
         "RestartSec=10",
         "TimeoutStartSec=900",
         "",

@@ -84,6 +84,9 @@ def restore(directory: Path, run_id: str, *, unit: str, run: Systemctl = systemc
         run(["stop", unit])
         action = "stopped"
     else:
+        # a new engine that crash-looped into its start limit would refuse a plain restart
+        # ("start request repeated too quickly"): clear that first
+        run(["reset-failed", unit])
         run(["restart", unit])
         action = "restarted"
     return Restored(run_id, restored, removed, action, min(e.saved_at for e in record.entries))
