@@ -273,3 +273,33 @@ def test_a_failing_command_left_of_a_pipe_fails_the_build(tmp_path: Path) -> Non
     profile = variants.derive(_small_profile("0.5.15"), "a6000-mtp-pipefail", patch)
     with pytest.raises(images.ImageError, match="podman build failed"):
         images.build(profile, lock=Lock(tmp_path / "l"), context=ROOT, podman=PODMAN)
+
+
+def test_the_drafter_serving_links_resolve_inside_the_container_with_the_units_mounts(tmp_path: Path) -> None:
+    """GPU-host blocker 6: the serving directory's links name the verified downloads by host
+    path, which did not exist inside the container (models mounted at /models): the drafter
+    could not load. A real `podman run` with exactly the rendered quadlet's Volume= mounts, on a
+    host whose models sit on another disk than its serving directory (an inventory override),
+    reads the drafter's weights through the links, as the engine will."""
+    from specdeploy.core import layout
+    from specdeploy.drafter.serving import _sync_links
+    from specdeploy.engine import units
+
+    host = layout.HostLayout(
+        models=tmp_path / "data" / "models", serving=tmp_path / "srv" / "serving", cache=tmp_path / "cache"
+    )
+    source = host.download("z-lab/drafter")
+    source.mkdir(parents=True)
+    (source / "model.safetensors").write_text("drafter weights\n")
+    host.drafter_serving.mkdir(parents=True)
+    _sync_links(host.drafter_serving, source)  # the links write-config makes
+    host.cache.mkdir()
+    profile = load_profile("a6000-dflash")
+    unit = units.render(profile, host=host, image=f"{profile.engine.image.name}@sha256:{'0' * 64}").text
+    mounts = [arg for line in unit.splitlines() if line.startswith("Volume=") for arg in ("-v", line[7:])]
+    read = subprocess.run(
+        [*PODMAN.split(), "run", "--rm", *RUN_FLAGS, *mounts, build_base(), "cat",
+         f"{units.SERVING_IN_CONTAINER}/{layout.DRAFTER_SERVING}/model.safetensors"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert read.returncode == 0 and read.stdout == "drafter weights\n", read.stderr

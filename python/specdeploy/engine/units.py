@@ -111,6 +111,9 @@ def render_quadlet(
         "DropCapability=all",
         "ReadOnly=true",
         f"Volume={host.models}:{MODELS_IN_CONTAINER}:ro",
+        # the serving directory's links name verified downloads by their host paths: mount the
+        # models there too, or every link dangles inside the container (GPU-host blocker 6)
+        *([f"Volume={host.models}:{host.models}:ro"] if str(host.models) != MODELS_IN_CONTAINER else []),
         f"Volume={host.serving}:{SERVING_IN_CONTAINER}:ro",
         f"Volume={host.cache}:/cache",
         # inside the container the engine listens on serve.host; the host publishes it on
