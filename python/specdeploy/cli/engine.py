@@ -40,7 +40,7 @@ def _render(
             image=image,
             profile_file=profile_file,
             python=python,
-            publish_host=publish_host or base.layout.DEFAULT_PUBLISH_HOST,
+            publish_host=publish_host,
         )
     except ValueError as exc:
         raise SpecdeployError(str(exc), hint="pass --image REF@sha256:DIGEST") from None

@@ -73,7 +73,7 @@ def facts(
     p = load_profile(resolve_profile_path(profile))
     host = base.host_layout(models_dir, serving_dir, state_dir, cache_dir)
     install = layout.InstallLayout(Path(install_root)) if install_root else layout.InstallLayout()
-    facts = deploy_facts(p, host, install, publish_host=publish_host or layout.DEFAULT_PUBLISH_HOST)
+    facts = deploy_facts(p, host, install, publish_host=publish_host)
     output.emit(facts, True, lambda: None)
 
 

@@ -34,7 +34,7 @@ import httpx
 from specdeploy.profile import Profile
 
 _AUX_RE = re.compile(
-    r"Using (?P<eagle3>Eagle3 )?auxiliary layers from (?P<origin>speculative config|config|model): "
+    r"Using (?:Eagle3 )?auxiliary layers from (?P<origin>speculative config|config|model): "
     r"(?P<layers>\([0-9,\s]*\))"
 )
 # what the runner that printed a line is called, by its wording

@@ -85,7 +85,7 @@ def render_quadlet(
     image: str,
     host: layout.HostLayout,
     profile_file: str | None = None,
-    publish_host: str = layout.DEFAULT_PUBLISH_HOST,
+    publish_host: str | None = None,
 ) -> RenderedUnit:
     """A quadlet `.container` for a GPU profile (podman >= 4.5 for the health keys)."""
     serve = profile.engine.serve
@@ -118,7 +118,7 @@ def render_quadlet(
         f"Volume={host.cache}:/cache",
         # inside the container the engine listens on serve.host; the host publishes it on
         # publish_host only (loopback unless the inventory exposes it)
-        f"PublishPort={publish_host}:{port}:{port}",
+        f"PublishPort={publish_host or layout.DEFAULT_PUBLISH_HOST}:{port}:{port}",
         "ShmSize=16g",
         *(f"Environment={k}={v}" for k, v in sorted((CONTAINER_CACHE_ENV | command.env).items())),
         *(f"Secret={secret},type=env,target={env}" for env, secret in sorted(command.secret_env.items())),
@@ -213,7 +213,7 @@ def render(
     image: str | None = None,
     python: str | None = None,
     profile_file: str | None = None,
-    publish_host: str = layout.DEFAULT_PUBLISH_HOST,
+    publish_host: str | None = None,
 ) -> RenderedUnit:
     """The profile's engine unit for a host laid out as `host` (default: the standard layout).
     Container profiles need the image reference (by digest); the venv runtime runs `python`

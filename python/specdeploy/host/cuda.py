@@ -13,14 +13,6 @@ import re
 MIN_DRIVER_FOR_CUDA = {12: 535, 13: 580}
 
 
-def cuda_major(base_image: str) -> int | None:
-    """The CUDA major version an image name declares (`cuda:12.9.1-...`, `...-cu129`), or None."""
-    match = re.search(r"cuda:(\d+)\.|-cu(\d{2})\d", base_image)
-    if not match:
-        return None
-    return int(match.group(1) or match.group(2))
-
-
 def cuda_version(base_image: str) -> str | None:
     """The CUDA `major.minor` an image name declares (`cuda:12.9.1-...` -> 12.9, `...-cu129` -> 12.9),
     the value torch.version.cuda reports for a torch built for it; None when the name says nothing."""
@@ -29,6 +21,12 @@ def cuda_version(base_image: str) -> str | None:
         return None
     major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
     return f"{int(major)}.{int(minor)}"
+
+
+def cuda_major(base_image: str) -> int | None:
+    """The CUDA major version an image name declares, or None."""
+    version = cuda_version(base_image)
+    return int(version.split(".")[0]) if version else None
 
 
 def min_driver_branch(base_image: str) -> int | None:

@@ -23,7 +23,7 @@ def deploy_facts(
     host: layout.HostLayout,
     install: layout.InstallLayout,
     *,
-    publish_host: str = layout.DEFAULT_PUBLISH_HOST,
+    publish_host: str | None = None,
 ) -> dict[str, Any]:
     """The profile values, host paths and names the roles use, as one JSON-ready document."""
     installed = install.to_json()
@@ -36,11 +36,10 @@ def deploy_facts(
         "weights_archive": str(host.state / "weights.tar"),
     }
     engine_name = profile.engine.venv_name()
-    source = profile.engine.source
     engine = (
         {
             "name": engine_name,
-            "spec": f"{source.package}=={source.version.value}",
+            "spec": profile.engine.requirement(),
             "archive": str(install.engines / f"{engine_name}.tar"),
             "root": str(install.engines),
         }
@@ -77,6 +76,6 @@ def deploy_facts(
             "user": layout.ENGINE_USER,
             "user_home": str(layout.ENGINE_HOME),
             # the host address a container engine's port is published on (inventory override)
-            "publish_host": publish_host,
+            "publish_host": publish_host or layout.DEFAULT_PUBLISH_HOST,
         },
     }

@@ -225,11 +225,16 @@ class EngineSpec(_Strict):
         the list is matched (the image build refuses it, the smoke gate fails on it)."""
         return next((bad for bad in self.known_bad if bad.matches(version=version, commit=commit)), None)
 
-    def venv_name(self) -> str | None:
-        """`<package>-<version>`: the engine archive's and venv's name (venv runtime only)."""
+    def requirement(self) -> str | None:
+        """`<package>==<version>`: what a venv-runtime engine installs (None for container profiles)."""
         if self.runtime != "venv" or not self.source.package or not self.source.version.resolved:
             return None
-        return f"{self.source.package}-{self.source.version.value}"
+        return f"{self.source.package}=={self.source.version.value}"
+
+    def venv_name(self) -> str | None:
+        """`<package>-<version>`: the engine archive's and venv's name (venv runtime only)."""
+        requirement = self.requirement()
+        return requirement.replace("==", "-") if requirement else None
 
 
 class TargetFacts(_Strict):

@@ -55,8 +55,8 @@ def wheelhouse(*profiles: str) -> Path:
     script = ["bash", str(root / "scripts" / "wheelhouse.sh"), str(dest)]
     for name in profiles or ("cpu-rehearsal",):
         engine = load_profile(name).engine
-        if (venv := engine.venv_name()) and not (dest / "engines" / f"{venv}.tar").is_file():
-            spec = f"{engine.source.package}=={engine.source.version.value}"
+        spec = engine.requirement()
+        if spec and not (dest / "engines" / f"{engine.venv_name()}.tar").is_file():
             print(f"wheelhouse: downloading the engine {spec} (once)", file=sys.stderr)
             subprocess.run([*script, "--engine", spec], check=True, env=env, stdout=subprocess.DEVNULL)
     if not (dest / ".complete").exists():
