@@ -92,6 +92,7 @@ def test_the_v1_error_log_is_reported_as_no_line_naming_the_method_it_found() ->
     check = startup_log.check_aux_layers(_on_runner("0"), (GPU / "dfv1.txt").read_text())
     assert not check.ok and check.found is None
     assert "no auxiliary-layer line" in check.message
+    assert "configured with speculative method 'dflash'" in check.message
 
 
 def test_waiting_for_the_line_stops_when_the_engine_fails() -> None:
