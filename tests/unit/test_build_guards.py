@@ -4,6 +4,7 @@ host-side refusals of `image build`, which need no podman."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,9 @@ def test_inspect_reads_torch_cuda_without_importing_torch(tmp_path: Path, monkey
     (torch / "__init__.py").write_text("raise ImportError('no GPU here')\n")
     (torch / "version.py").write_text("__version__ = '2.13.0+cu129'\ncuda: Optional[str] = '12.9'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    # an earlier test in this process may have imported the real (CPU) torch: look it up afresh
+    for name in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
+        monkeypatch.delitem(sys.modules, name)
     assert build_guards.torch_cuda() == "12.9"
     assert build_guards.main(["inspect"]) == 0
     assert json.loads(capsys.readouterr().out)["torch_cuda"] == "12.9"
