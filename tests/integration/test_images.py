@@ -275,31 +275,67 @@ def test_a_failing_command_left_of_a_pipe_fails_the_build(tmp_path: Path) -> Non
         images.build(profile, lock=Lock(tmp_path / "l"), context=ROOT, podman=PODMAN)
 
 
-def test_the_drafter_serving_links_resolve_inside_the_container_with_the_units_mounts(tmp_path: Path) -> None:
-    """GPU-host blocker 6: the serving directory's links name the verified downloads by host
-    path, which did not exist inside the container (models mounted at /models): the drafter
-    could not load. A real `podman run` with exactly the rendered quadlet's Volume= mounts, on a
-    host whose models sit on another disk than its serving directory (an inventory override),
-    reads the drafter's weights through the links, as the engine will."""
-    from specdeploy.core import layout
-    from specdeploy.drafter.serving import _sync_links
+def test_the_serving_links_resolve_inside_the_container_as_its_user_and_nobody_else_reads_them(
+    tmp_path: Path,
+) -> None:
+    """GPU-host blockers 6, 10 and 13, with a real `podman run` using exactly the rendered
+    quadlet's Volume= mounts and User=/Group=, on a host whose models sit on another disk than
+    its serving directory (an inventory override). Blocker 6: the serving links named host paths
+    that did not exist inside the container. Blocker 10: weights are kept per revision and served
+    through relative links (<serving>/target, the drafter's build) that must resolve on the host
+    and in the container alike. Blocker 13: the image runs as uid 10001, so the directories are
+    group-readable by it (mode 750/640, as the engine role sets them), the cache writable, and
+    another uid reads nothing (gated weights are not world-readable)."""
+    import os
+
+    from specdeploy.core import atomic, layout
+    from specdeploy.drafter import serving
     from specdeploy.engine import units
+    from specdeploy.weights import store
 
     host = layout.HostLayout(
         models=tmp_path / "data" / "models", serving=tmp_path / "srv" / "serving", cache=tmp_path / "cache"
     )
-    source = host.download("z-lab/drafter")
-    source.mkdir(parents=True)
-    (source / "model.safetensors").write_text("drafter weights\n")
-    host.drafter_serving.mkdir(parents=True)
-    _sync_links(host.drafter_serving, source)  # the links write-config makes
+    target = host.download("Qwen/Qwen3.6-27B") / "rev1"
+    drafter = host.download("z-lab/drafter") / "rev1"
+    for directory, text in ((target, "target weights\n"), (drafter, "drafter weights\n")):
+        directory.mkdir(parents=True)
+        (directory / "model.safetensors").write_text(text)
+    store.point(host.target_serving, target, None)
+    store.point(host.drafter_source, drafter, None)
+    builds = host.serving / layout.DRAFTER_BUILDS
+    build = serving._build(builds, b"{}", serving._wanted_links(builds / "x", drafter))  # what write-config makes
+    atomic.symlink(host.drafter_serving, Path(os.path.relpath(build, host.serving)))
+    assert (host.drafter_serving / "model.safetensors").read_text() == "drafter weights\n"  # on the host
     host.cache.mkdir()
+    uid = layout.ENGINE_UID
+    for root in (host.models, host.serving):  # what the engine role does: group-readable, others nothing
+        subprocess.run(["chown", "-R", "-h", f"0:{uid}", str(root)], check=True)
+        subprocess.run(["chmod", "-R", "u=rwX,g=rX,o=", str(root)], check=True)
+    os.chown(host.cache, uid, uid)
+    host.cache.chmod(0o700)
+    for parent in (tmp_path, tmp_path / "data", tmp_path / "srv"):
+        parent.chmod(0o755)  # pytest's tmp dirs are 700: the host's parents of these dirs are 755
     profile = load_profile("a6000-dflash")
     unit = units.render(profile, host=host, image=f"{profile.engine.image.name}@sha256:{'0' * 64}").text
-    mounts = [arg for line in unit.splitlines() if line.startswith("Volume=") for arg in ("-v", line[7:])]
-    read = subprocess.run(
-        [*PODMAN.split(), "run", "--rm", *RUN_FLAGS, *mounts, build_base(), "cat",
-         f"{units.SERVING_IN_CONTAINER}/{layout.DRAFTER_SERVING}/model.safetensors"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert read.returncode == 0 and read.stdout == "drafter weights\n", read.stderr
+    lines = unit.splitlines()
+    mounts = [arg for line in lines if line.startswith("Volume=") for arg in ("-v", line[7:])]
+    user = next(line[5:] for line in lines if line.startswith("User="))
+    group = next(line[6:] for line in lines if line.startswith("Group="))
+    assert (user, group) == (str(uid), str(uid))
+
+    def run(as_user: str, script: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*PODMAN.split(), "run", "--rm", *RUN_FLAGS, "--read-only", "--user", as_user, *mounts, build_base(),
+             "sh", "-c", script],
+            capture_output=True, text=True,
+        )  # fmt: skip
+
+    read = run(
+        f"{user}:{group}",
+        f"cat {host.target_serving}/model.safetensors {host.drafter_serving}/model.safetensors && touch /cache/written",
+    )
+    assert read.returncode == 0 and read.stdout == "target weights\ndrafter weights\n", read.stderr
+    assert (host.cache / "written").exists()
+    stranger = run("10002:10002", f"cat {host.target_serving}/model.safetensors")
+    assert stranger.returncode != 0 and "Permission denied" in stranger.stderr, stranger

@@ -48,7 +48,7 @@ def test_rehearsal_service_execstart_is_the_launchers_argv(host: Host) -> None:
     argv_text = shown.split("argv[]=", 1)[1].split(" ;", 1)[0]
     expected = engine_args.render(
         profile,
-        model=str(host_layout.download(profile.target.repo)),
+        model=str(host_layout.target_serving),
         drafter=str(host_layout.drafter_serving),
         python=str(layout.InstallLayout().venv / "bin" / "python"),
     )
@@ -74,10 +74,15 @@ def test_quadlet_dry_run_renders_the_gpu_profiles(host: Host, name: str) -> None
         "--cap-drop all",
         "--read-only",
         f"--publish 127.0.0.1:{profile.engine.serve.port}:{profile.engine.serve.port}",  # loopback unless exposed
-        f"-v {layout.HostLayout().models}:/models:ro",
+        f"-v {layout.HostLayout().models}:{layout.HostLayout().models}:ro",  # host paths: relative links resolve
+        f"-v {layout.HostLayout().serving}:{layout.HostLayout().serving}:ro",
+        f"--user {layout.ENGINE_UID}:{layout.ENGINE_UID}",
+        "--init",
         "--sdnotify=healthy",
         "--health-cmd",
-        "--secret specdeploy_api_key,type=env,target=",
+        # the key as a file only the image's user reads (GPU-host blocker 4); never type=env
+        "--secret specdeploy_api_key,type=mount,target=/run/secrets/specdeploy_api_key,"
+        f"uid={layout.ENGINE_UID},mode=0400",
         image,
     ):
         assert expected in exec_start, expected
@@ -94,9 +99,11 @@ def test_quadlet_dry_run_renders_the_gpu_profiles(host: Host, name: str) -> None
     assert probe[:2] == ["python3", "-c"] and f"http://127.0.0.1:{profile.engine.serve.port}/health" in probe[2]
     compile(probe[2], "<health probe>", "exec")  # the probe itself is valid Python
     command = engine_args.render(
-        profile, model=f"/models/{profile.target.repo}", drafter="/serving/drafter" if profile.drafter else None
+        profile,
+        model=str(layout.HostLayout().target_serving),
+        drafter=str(layout.HostLayout().drafter_serving) if profile.drafter else None,
     )
-    args = command.argv[3:]  # after `python3 -m <module>`, which is the image's entrypoint
+    args = command.engine_args  # after `python3 <launcher> <module>`, which is the image's entrypoint
     plain = [a for a in args if units.systemd_quote(a) == a]
     tail = exec_start.split(image, 1)[1]
     assert plain and all(f" {a}" in tail for a in plain), [a for a in plain if f" {a}" not in tail]

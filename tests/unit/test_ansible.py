@@ -28,22 +28,52 @@ def test_playbook_syntax() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_every_stage_is_tagged() -> None:
+STAGES = ["preflight", "gpu_runtime", "images", "weights", "drafter_config", "engine", "smoke_gate"]
+
+
+def _play_stages() -> list[tuple[str, list[str]]]:
+    """(role, tags) of each stage in the play's order: the CLI role, then the block's imports."""
     import yaml
 
     play = yaml.safe_load((ROOT / "ansible" / "deploy.yml").read_text())[0]
     assert play["serial"] == 1 and play["any_errors_fatal"] is True
-    tags = {r["role"]: r["tags"] for r in play["roles"]}
-    assert all(tags[role] for role in tags) and list(tags) == [
-        "specdeploy",
-        "preflight",
-        "gpu_runtime",
-        "images",
-        "weights",
-        "drafter_config",
-        "engine",
-        "smoke_gate",
-    ]
+    tasks = play["tasks"]
+    stages = [(tasks[0]["ansible.builtin.import_role"]["name"], tasks[0]["tags"])]
+    block = next(t for t in tasks if "block" in t)
+    return stages + [(t["ansible.builtin.import_role"]["name"], t["tags"]) for t in block["block"]]
+
+
+def test_every_stage_is_tagged() -> None:
+    stages = _play_stages()
+    assert [role for role, _ in stages] == ["specdeploy", *STAGES]
+    assert all(role in tags for role, tags in stages[1:]) and stages[0][1] == ["cli"]
+
+
+def _list_tasks(*extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "ansible-playbook"), "deploy.yml", "-i", "inventory/example.yml", "-l", "a6000", "--list-tasks",
+         *extra],
+        cwd=ROOT / "ansible", capture_output=True, text=True, env=ENV,
+    )  # fmt: skip
+
+
+GATE_TASK = "smoke_gate : Gate the new stack"
+
+
+def test_every_stage_that_can_restart_the_engine_brings_the_gate_when_run_alone() -> None:
+    """GPU-host blocker 9: `--tags engine` restarted the engine with no gate after it, so a
+    failing stack stayed and nothing rolled it back. Each stage that can replace what the
+    engine runs on, run alone, now lists the gate (and the flush of its pending restart)
+    after its own tasks; a stage that cannot (preflight) does not."""
+    for stage in ("engine", "drafter_config", "weights", "images"):
+        listed = _list_tasks("--tags", stage)
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        tasks = [line.strip() for line in listed.stdout.splitlines()]
+        gate = next(i for i, t in enumerate(tasks) if t.startswith(GATE_TASK))
+        flush = next(i for i, t in enumerate(tasks) if t.startswith("smoke_gate : Apply a pending engine restart"))
+        own = [i for i, t in enumerate(tasks) if t.startswith(f"{stage} : ")]
+        assert own and max(own) < flush < gate, (stage, tasks)
+    assert GATE_TASK not in _list_tasks("--tags", "preflight").stdout
 
 
 def test_the_a6000_play_lists_every_stage_for_the_example_inventory() -> None:
@@ -178,18 +208,23 @@ def test_the_hub_token_reaches_fetch_and_preflight_on_stdin_only_and_no_empty_mi
         f'{{ echo "argv: $*"; echo "HF_ENDPOINT=${{HF_ENDPOINT-unset}}"; echo "HF_TOKEN=${{HF_TOKEN-unset}}"; '
         f'echo "stdin: $(head -n 1)"; }} >> "{record}"\n'
         "sleep 2\n"
-        "echo '{\"checks\": []}'\n"
+        'echo \'{"checks": [], "changed": false}\'\n'
     )
     cli.chmod(0o755)
     host = layout.local_layout(tmp_path / "host")
     facts = deploy_facts(load_profile("a6000-dflash"), host, layout.InstallLayout(root=tmp_path / "opt"))
     facts["install"]["cli"] = str(cli)
+    facts["unit"]["user"] = "root"  # the group the models directory gets (no engine user on this machine)
     playbook = tmp_path / "play.yml"
     playbook.write_text(
         "- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles: [preflight, weights]\n"
     )
     extra = tmp_path / "vars.json"
-    extra.write_text(json.dumps({"specdeploy_facts": facts, "weights_source": "hub", "weights_hf_token": CANARY}))
+    extra.write_text(
+        json.dumps(
+            {"specdeploy_facts": facts, "weights_source": "hub", "weights_hf_token": CANARY, "specdeploy_run_id": "t"}
+        )
+    )
     play = subprocess.Popen(
         [str(BIN / "ansible-playbook"), "-vvv", str(playbook), "-e", f"@{extra}"],
         cwd=ROOT / "ansible", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -207,8 +242,8 @@ def test_the_hub_token_reaches_fetch_and_preflight_on_stdin_only_and_no_empty_mi
     output = play.stdout.read() if play.stdout else ""
     assert play.returncode == 0, output[-3000:]
     assert seen_in_argv == []  # no process ever had the token on its command line
-    calls = record.read_text().split("argv: ")[1:]
-    assert len(calls) == 2, record.read_text()  # preflight, then fetch
+    calls = [c for c in record.read_text().split("argv: ")[1:] if "--token-stdin" in c or CANARY in c]
+    assert len(calls) == 2, record.read_text()  # preflight, then fetch (not `weights serve`: no token there)
     for call in calls:
         assert f"stdin: {CANARY}" in call and "--token-stdin" in call
         assert "HF_TOKEN=unset" in call and "HF_ENDPOINT=unset" in call
@@ -236,3 +271,18 @@ def test_a_play_without_a_limit_is_refused_before_anything_runs(tmp_path: Path) 
     assert "Require a profile and a wheelhouse" in limited.stdout  # it went on (and stops there: no profile)
     meant = play("-e", "specdeploy_all_hosts=true")
     assert "refusing to deploy to every host" not in meant.stdout
+
+
+def test_skipping_the_gate_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """GPU-host blocker 9: `--skip-tags smoke_gate` restarted the engine without the gate. The
+    play now stops at its first tasks, naming the alternative, before the CLI or any stage."""
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text("[a6000]\nlocalhost ansible_connection=local\n")
+    for skipped in ("smoke_gate", "engine,smoke_gate"):
+        done = subprocess.run(
+            [str(BIN / "ansible-playbook"), "deploy.yml", "-i", str(inventory), "-l", "a6000",
+             "--skip-tags", skipped],
+            cwd=ROOT / "ansible", capture_output=True, text=True, env=ENV,
+        )  # fmt: skip
+        assert done.returncode != 0 and "would restart the engine without the gate" in done.stdout, done.stdout
+        assert "Require a profile and a wheelhouse" not in done.stdout

@@ -60,18 +60,20 @@ def test_python_dash_m_specdeploy_is_the_cli() -> None:
 
 def test_facts_take_the_inventorys_path_overrides(tmp_path: Path) -> None:
     """What the roles read: every path already joined, the overrides applied, the rest default."""
-    result = CliRunner().invoke(app, ["facts", "--profile", "cpu-rehearsal", "--models-dir", "/data/models"])
+    argv = ["facts", "--profile", "cpu-rehearsal", "--models-dir", "/data/models", "--serving-dir", "/srv/serving"]
+    result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["paths"]["models"] == "/data/models"
-    assert data["paths"]["target_download"] == "/data/models/specdeploy-fixtures/tiny-qwen3"
-    assert data["paths"]["drafter_download"] == "/data/models/specdeploy-fixtures/tiny-qwen3-draft"
+    assert data["paths"]["target_serving"] == "/srv/serving/target"
+    assert data["paths"]["drafter_source"] == "/srv/serving/drafter-source"
     assert data["paths"]["lock"] == "/var/lib/specdeploy/state/specdeploy.lock"
     assert data["unit"] == {
         "name": "specdeploy-engine",
         "file": "/etc/systemd/system/specdeploy-engine.service",
         "dir": "/etc/systemd/system",
         "user": "specdeploy",
+        "uid": 10001,
         "user_home": "/var/lib/specdeploy/home",
         "publish_host": "127.0.0.1",
     }

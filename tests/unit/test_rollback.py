@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdeploy.core import layout
-from specdeploy.core.keeper import Keeper, load_run
+from specdeploy.core.keeper import Keeper, OpenRunError, close_run, load_run
 from specdeploy.engine import units
 from specdeploy.rollback import restore as rollback
 
@@ -57,10 +57,41 @@ def test_an_unchanged_step_keeps_nothing_and_another_run_restores_nothing(tmp_pa
     calls: list[list[str]] = []
     other = rollback.restore(tmp_path / "rollback", "run-9", unit="specdeploy-engine", run=calls.append)
     assert not other.anything and calls == []
-    # a new run discards the previous run's copies
+    # a new run discards the copies of a run that ended (here: its gate passed)
+    assert close_run(tmp_path / "rollback", "run-1", "verified")
     Keeper(tmp_path / "rollback", "run-10").stage(serving).commit()
     record = load_run(tmp_path / "rollback")
     assert record is not None and record.run_id == "run-10" and len(record.entries) == 1
+
+
+def test_a_run_that_never_ended_keeps_its_copies_until_it_is_recovered(tmp_path: Path) -> None:
+    """GPU-host blocker 9: a run interrupted after replacing the serving directory (no gate,
+    no restore) had its copies — the last good stack — discarded by the next run's first
+    replacement. Now the next run's keeper refuses before touching anything, `open_run` names
+    the interrupted run, and once it is restored the next run may go on."""
+    serving = _serving(tmp_path, '{"good": true}')
+    rollback_dir = tmp_path / "rollback"
+    state = layout.HostLayout(state=tmp_path)
+    staged = Keeper(rollback_dir, "interrupted").stage(serving)
+    (serving / "config.json").write_text('{"ungated": true}')
+    staged.commit()  # ... and the controller died here
+
+    assert rollback.open_run(state, "next") == "interrupted"
+    assert rollback.open_run(state, "interrupted") is None  # a run is not its own leftover
+    try:
+        Keeper(rollback_dir, "next").stage(serving)
+        raise AssertionError("the next run's keeper must refuse while the interrupted run is open")
+    except OpenRunError as exc:
+        assert "interrupted" in exc.message and "rollback recover" in (exc.hint or "")
+    assert (serving / "config.json").read_text() == '{"ungated": true}'  # the refusal changed nothing
+
+    calls: list[list[str]] = []
+    done = rollback.restore(rollback_dir, "interrupted", unit="specdeploy-engine", run=calls.append)
+    assert done.anything and (serving / "config.json").read_text() == '{"good": true}'
+    assert rollback.open_run(state, "next") is None
+    again = rollback.restore(rollback_dir, "interrupted", unit="specdeploy-engine", run=calls.append)
+    assert not again.anything  # restoring twice puts nothing back twice (the rescue after a gate's own)
+    Keeper(rollback_dir, "next").stage(serving).commit()
 
 
 def test_a_first_deploy_that_fails_removes_its_unit_and_stops_the_engine(tmp_path: Path) -> None:

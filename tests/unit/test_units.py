@@ -53,3 +53,58 @@ def test_a_container_engine_is_published_on_loopback_unless_the_host_says_otherw
     facts = json.loads(cli("facts", "--profile", "a6000-dflash", "--publish-host", "10.1.2.3").stdout)
     assert facts["unit"]["publish_host"] == "10.1.2.3"
     assert json.loads(cli("facts", "--profile", "a6000-dflash").stdout)["unit"]["publish_host"] == "127.0.0.1"
+
+
+def test_the_api_key_reaches_each_engine_through_the_launcher_never_the_unit(tmp_path: Path) -> None:
+    """GPU-host blocker 4: nothing created the podman secret, the venv unit's `LoadCredential=`
+    never reached vLLM, and SGLang (which reads only `--api-key`) ran open. Every unit now starts
+    the engine through the launcher and tells it where the key is and how the engine takes it:
+    the quadlet mounts the podman secret as a file only the image's user reads, the venv unit
+    loads the root-only key file as a credential. The key itself is in no unit."""
+    from specdeploy.core import layout
+    from specdeploy.engine import launch
+
+    host = layout.HostLayout(state=tmp_path / "state")
+    image = "localhost/specdeploy/engine@sha256:" + "1" * 64
+    for name, how in (
+        ("a6000-dflash", {launch.KEY_ENV_ENV: "VLLM_API_KEY"}),
+        ("a6000-mtp", {launch.KEY_ARG_ENV: "--api-key"}),
+    ):
+        text = units.render(load_profile(name), host=host, image=image).text
+        mount = f"{layout.SECRETS_IN_CONTAINER}/specdeploy_api_key"
+        assert f"Secret=specdeploy_api_key,type=mount,target={mount},uid={layout.ENGINE_UID},mode=0400" in text
+        assert f"Environment={launch.KEY_FILE_ENV}={mount}" in text
+        for key, value in how.items():
+            assert f"Environment={key}={value}" in text, name
+        assert "type=env" not in text and "--api-key" not in text.split("Exec=", 1)[1].split("\n", 1)[0]
+        assert f"User={layout.ENGINE_UID}" in text and "RunInit=true" in text
+    keyed = engine_args.render(load_profile("a6000-dflash"), model="/m", drafter="/d")
+    assert keyed.argv[1] == engine_args.LAUNCHER and keyed.argv[2] == "vllm.entrypoints.openai.api_server"
+    # the venv runtime: a credential from the host's key file, the launcher in front of vLLM
+    from specdeploy.rehearsal import variants
+
+    profile = variants.derive(
+        load_profile("cpu-rehearsal"), "cpu-rehearsal-keyed", {"engine": {"serve": {"api_key": {"secret": "k1"}}}}
+    )
+    service = units.render(profile, host=host, python="/opt/engine/bin/python").text
+    assert f"LoadCredential=k1:{host.secret_file('k1')}" in service
+    assert (
+        f"Environment={launch.KEY_CREDENTIAL_ENV}=k1" in service
+        and f"Environment={launch.KEY_ENV_ENV}=VLLM_API_KEY" in service
+    )
+    argv = exec_argv(next(line for line in service.splitlines() if line.startswith("ExecStart=")))
+    assert argv[:3] == ["/opt/engine/bin/python", engine_args.LAUNCHER, "vllm.entrypoints.openai.api_server"]
+    assert "LoadCredential" not in units.render(load_profile("cpu-rehearsal"), host=host, python="/p").text
+
+
+def test_the_engine_serves_the_target_through_its_serving_link() -> None:
+    """GPU-host blocker 10: the target was served straight from its download directory, so a
+    rollback after a revision bump restarted the old unit on the new weights. Both units now
+    name `<serving>/target`, a link the weights stage flips and the rollback restores."""
+    from specdeploy.core import layout
+
+    profile = load_profile("a6000-dflash")
+    quadlet = units.render(profile, image=f"{profile.engine.image.name}@sha256:{'0' * 64}").text
+    assert f"--model {layout.HostLayout().target_serving} " in quadlet  # mounted at its host path
+    service = units.render(load_profile("cpu-rehearsal"), python="/p").text
+    assert f"--model {layout.HostLayout().target_serving} " in service

@@ -81,6 +81,10 @@ RollbackDirOpt = Annotated[
     Path | None,
     typer.Option("--rollback-dir", help="keep what this step replaces here, for the gate's rollback"),
 ]
+CheckOpt = Annotated[
+    bool,
+    typer.Option("--check/--no-check", help="change nothing: report whether it would change (ansible --check)"),
+]
 RunIdOpt = Annotated[str, typer.Option("--run-id", help="the deploy run the kept copies belong to")]
 PodmanOpt = Annotated[str, typer.Option(help="podman executable")]
 UnitOpt = Annotated[str, typer.Option(help="the engine's systemd unit")]

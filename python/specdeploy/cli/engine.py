@@ -17,7 +17,7 @@ from specdeploy.engine import startup_log, units
 from specdeploy.profile import load_profile, resolve_profile_path
 
 unit_app = base.group("Render and install the engine's systemd unit from the profile.")
-engine_app = base.group("The engine's own venv on a venv-runtime host.")
+engine_app = base.group("The engine's own venv (venv runtime) and its API key.")
 ImageOpt = Annotated[str | None, typer.Option(help="image reference, by digest (container profiles)")]
 PythonOpt = Annotated[
     str | None,
@@ -77,13 +77,17 @@ def unit_install(
     run_id: base.RunIdOpt = "",
     python: PythonOpt = None,
     publish_host: base.PublishHostOpt = None,
+    check: base.CheckOpt = False,
 ) -> None:
     """Write the unit atomically; prints JSON {"changed": ..., "path": ...} for Ansible."""
     host = base.host_layout(models_dir, serving_dir, state_dir, cache_dir)
-    copy = str(units.keep_profile_copy(resolve_profile_path(profile), host)) if state_dir else None
+    copy = None
+    if state_dir:
+        source = resolve_profile_path(profile)
+        copy = str(units.profile_copy_path(source, host) if check else units.keep_profile_copy(source, host))
     unit = _render(profile, image, host, copy, python, publish_host)
-    keeper = Keeper(rollback_dir, run_id) if rollback_dir is not None else None
-    changed = units.install(unit, dest, keeper)
+    keeper = Keeper(rollback_dir, run_id) if rollback_dir is not None and not check else None
+    changed = units.install(unit, dest, keeper, check=check)
     output.emit({"changed": changed, "path": str(dest / unit.filename)}, True, lambda: None)
 
 
@@ -138,12 +142,30 @@ def engine_venv_install(
     archive: Annotated[Path, typer.Option(help="the engine's wheels + requirements.lock, one tar")],
     root: Annotated[Path, typer.Option(help="where engine venvs live (`specdeploy facts`: engine.root)")],
     name: Annotated[str, typer.Option(help="<package>-<version> (`specdeploy facts`: engine.name)")],
+    check: base.CheckOpt = False,
 ) -> None:
     """Make the archive's engine venv complete (built once per archive, never in place of a
     running one); prints JSON {"changed", "venv", "python", "archive_sha256"} for Ansible."""
     from specdeploy.engine import venv
 
-    output.emit(venv.install(archive, root, name).to_json(), True, lambda: None)
+    output.emit(venv.install(archive, root, name, check=check).to_json(), True, lambda: None)
+
+
+@engine_app.command("api-key")
+def engine_api_key(
+    profile: base.ProfileOpt,
+    state_dir: base.StateDirOpt = None,
+    podman: base.PodmanOpt = "podman",
+) -> None:
+    """Install the engine's API key, read from standard input (how Ansible passes it from
+    the vault; never argv): <state>/secrets/<name> (mode 0600) and, for a container engine,
+    the podman secret of that name. Prints JSON {"changed", "file", "podman"} for Ansible."""
+    from specdeploy.engine import secret
+
+    key = sys.stdin.readline()
+    installed = secret.install(load_profile(profile), base.host_layout(state_dir=state_dir), key, podman=podman)
+    data = {"name": installed.name, "file": installed.file, "changed": installed.changed, "podman": installed.podman}
+    output.emit(data, True, lambda: None)
 
 
 def register(app: typer.Typer) -> None:

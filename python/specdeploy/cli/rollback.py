@@ -1,9 +1,10 @@
-"""`specdeploy rollback restore`: put back what a deploy run replaced, and prove it serves."""
+"""`specdeploy rollback restore|recover`: put back what a deploy run replaced, and prove it serves.
+`recover` is a deploy's first step: it restores a run that was interrupted before its gate."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -15,21 +16,8 @@ from specdeploy.core import atomic, layout
 rollback_app = base.group("Put back what a failed deploy replaced, and prove it serves.")
 
 
-@rollback_app.command("restore")
-def rollback_restore(
-    run_id: base.RunIdOpt,
-    state_dir: base.StateDirOpt = None,
-    unit: base.UnitOpt = layout.UNIT_NAME,
-    json_path: Annotated[Path | None, typer.Option("--json", help="also write the outcome as JSON here")] = None,
-) -> None:
-    """Restore the unit and serving directory run RUN_ID replaced, restart the engine, and
-    run the smoke gate against it with the profile it was deployed with.
-
-    Exit 0 when the previous stack serves again (its smoke gate passes), 1 otherwise.
-    """
-    from specdeploy.rollback import restore  # proving runs the smoke: imported only here
-
-    outcome = restore.restore_and_prove(base.host_layout(state_dir=state_dir), run_id, unit=unit)
+def _report(outcome: Any, json_path: Path | None) -> None:
+    """One table (or JSON) for a restore's outcome, optionally also written as JSON."""
     data = outcome.to_json()
 
     def table() -> None:
@@ -51,7 +39,54 @@ def rollback_restore(
     output.emit(data, False, table)
     if json_path is not None:
         atomic.write_json(json_path, data)
-    raise typer.Exit(0 if outcome.serves else 1)
+
+
+JsonFileOpt = Annotated[Path | None, typer.Option("--json", help="also write the outcome as JSON here")]
+
+
+@rollback_app.command("restore")
+def rollback_restore(
+    run_id: base.RunIdOpt,
+    state_dir: base.StateDirOpt = None,
+    unit: base.UnitOpt = layout.UNIT_NAME,
+    json_path: JsonFileOpt = None,
+) -> None:
+    """Restore the unit and serving directory run RUN_ID replaced, restart the engine, and
+    run the smoke gate against it with the profile it was deployed with.
+
+    Exit 0 when the previous stack serves again (its smoke gate passes) or the run replaced
+    nothing (already restored, or failed before replacing anything), 1 otherwise.
+    """
+    from specdeploy.rollback import restore  # proving runs the smoke: imported only here
+
+    outcome = restore.restore_and_prove(base.host_layout(state_dir=state_dir), run_id, unit=unit)
+    _report(outcome, json_path)
+    raise typer.Exit(0 if outcome.serves or not outcome.restored.anything else 1)
+
+
+@rollback_app.command("recover")
+def rollback_recover(
+    run_id: base.RunIdOpt,
+    state_dir: base.StateDirOpt = None,
+    unit: base.UnitOpt = layout.UNIT_NAME,
+    json_path: JsonFileOpt = None,
+) -> None:
+    """A deploy's first step: when an earlier run was interrupted after replacing something
+    (no passing gate, no restore), restore its copies and prove the previous stack serves
+    before run RUN_ID replaces anything.
+
+    Exit 0 when there was nothing to recover or the previous stack serves again, 1 when it
+    was restored but does not serve (fix the host before deploying again).
+    """
+    from specdeploy.rollback import restore
+
+    outcome = restore.recover(base.host_layout(state_dir=state_dir), run_id, unit=unit)
+    if outcome is None:
+        output.out.print("rollback recover: no interrupted run to recover")
+        raise typer.Exit(0)
+    output.out.print(f"rollback recover: run {outcome.restored.run_id} was interrupted; restored its copies")
+    _report(outcome, json_path)
+    raise typer.Exit(0 if outcome.serves or not outcome.restored.anything else 1)
 
 
 def register(app: typer.Typer) -> None:

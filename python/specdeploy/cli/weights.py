@@ -1,4 +1,5 @@
-"""`specdeploy fetch`: the target and drafter at their pinned commits, every file verified."""
+"""`specdeploy fetch`: the target and drafter at their pinned commits, every file verified;
+`specdeploy weights serve|prune`: verified revisions linked into the serving directory, old ones pruned."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import typer
 from rich.table import Table
 
 from specdeploy.cli import base, output
+from specdeploy.core.keeper import Keeper
 from specdeploy.profile import load_profile
 from specdeploy.weights import fetch as weights
 
+weights_app = base.group("Verified revisions: link them for serving, prune old ones.")
+
 
 def fetch(
-    dest: Annotated[Path, typer.Argument(help="download root; each repo lands in DEST/<org>/<name>")],
+    dest: Annotated[Path, typer.Argument(help="download root; each repo lands in DEST/<org>/<name>/<revision>")],
     profile: base.ProfileOpt,
     lock: base.LockOpt = None,
     endpoint: Annotated[str | None, typer.Option(help="hub or site mirror (default: $HF_ENDPOINT or the hub)")] = None,
@@ -53,5 +57,65 @@ def fetch(
     output.emit([r.__dict__ for r in results], as_json, table)
 
 
+@weights_app.command("serve")
+def weights_serve(
+    profile: base.ProfileOpt,
+    lock: base.LockOpt = None,
+    models_dir: base.ModelsDirOpt = None,
+    serving_dir: base.ServingDirOpt = None,
+    rollback_dir: base.RollbackDirOpt = None,
+    run_id: base.RunIdOpt = "",
+    check: base.CheckOpt = False,
+) -> None:
+    """Verify the profile's revisions (<models>/<repo>/<revision>/) against the archive's
+    manifest and the lock (recorded at first use), then point <serving>/target and
+    <serving>/drafter-source at them, keeping the old links for a rollback. Prints JSON."""
+    from specdeploy.weights import store
+
+    host = base.host_layout(models_dir, serving_dir)
+    keeper = Keeper(rollback_dir, run_id) if rollback_dir is not None and not check else None
+    served = store.serve(load_profile(profile), host, base.lock_at(lock), keeper=keeper, check=check)
+    output.emit(served.to_json(), True, lambda: None)
+
+
+@weights_app.command("access")
+def weights_access(
+    gid: Annotated[int, typer.Option("--gid", help="the engine's group id (`specdeploy facts`: unit.uid)")],
+    models_dir: base.ModelsDirOpt = None,
+    serving_dir: base.ServingDirOpt = None,
+    check: base.CheckOpt = False,
+) -> None:
+    """Make the models and serving directories readable by the engine's group only (root-owned,
+    750/640; gated weights are not for every user of the host). Prints JSON {"changed": N}."""
+    from specdeploy.weights import store
+
+    host = base.host_layout(models_dir, serving_dir)
+    changed = store.restrict_to_engine([host.models, host.serving], gid, check=check)
+    output.emit({"changed": len(changed), "paths": changed[:20]}, True, lambda: None)
+
+
+@weights_app.command("prune")
+def weights_prune(
+    profile: base.ProfileOpt,
+    models_dir: base.ModelsDirOpt = None,
+    serving_dir: base.ServingDirOpt = None,
+    state_dir: base.StateDirOpt = None,
+    check: base.CheckOpt = False,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Delete verified revisions that neither the serving links nor the profile's last
+    `weights.keep_revisions` passing deploys use (the gate does this after a pass)."""
+    from specdeploy.weights import store
+
+    p = load_profile(profile)
+    removed = store.prune(base.host_layout(models_dir, serving_dir, state_dir), p.weights.keep_revisions, check=check)
+    output.emit(
+        {"removed": removed, "check": check},
+        as_json,
+        lambda: output.out.print(f"{'would remove' if check else 'removed'}: {removed or 'nothing'}"),
+    )
+
+
 def register(app: typer.Typer) -> None:
     app.command("fetch")(fetch)
+    app.add_typer(weights_app, name="weights")

@@ -27,7 +27,8 @@ _CAUSES = {
 }
 
 
-def _write_error(path: Path, exc: OSError) -> WriteError:
+def write_error(path: Path, exc: OSError) -> WriteError:
+    """A failed write as specdeploy reports it: the path, the cause, the previous file untouched."""
     cause = _CAUSES.get(exc.errno or 0, exc.strerror or str(exc))
     return WriteError(
         f"could not write {path}: {cause} ({errno.errorcode.get(exc.errno or 0, exc.errno)}); "
@@ -63,7 +64,7 @@ def write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
         tmp_name = None
         fsync_dir(path.parent)
     except OSError as exc:
-        raise _write_error(path, exc) from None
+        raise write_error(path, exc) from None
     finally:
         if tmp_name is not None:
             with contextlib.suppress(OSError):
@@ -88,11 +89,11 @@ def symlink(path: Path, target: Path) -> None:
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        raise _write_error(path, exc) from None
+        raise write_error(path, exc) from None
 
 
 def ensure_dir(path: Path) -> None:
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise _write_error(Path(path), exc) from None
+        raise write_error(Path(path), exc) from None

@@ -14,8 +14,11 @@ Layout of the rollback directory (`<state>/rollback`, core.layout):
     copies/<n>        the kept file or directory (symlinks kept as links)
     failed/<n>        after a restore: what the failed deploy had written, for diagnosis
 
-A new run id discards the previous run's copies: that run ended either with a passing gate
-(its copies are obsolete) or with a restore (they were used).
+A run is closed when it ends: `verified` when its gate passed (the copies are obsolete),
+`restored` when its copies were put back. A new run id discards a closed run's copies. A run
+that was never closed was interrupted (the controller died, a task failed before the gate,
+someone ran a stage alone): its copies are the last good stack, so a new run refuses to
+discard them — `specdeploy rollback recover` (the deploy's first step) restores them first.
 """
 
 from __future__ import annotations
@@ -31,7 +34,12 @@ from specdeploy.core import atomic
 from specdeploy.core.errors import SpecdeployError
 
 Kind = Literal["file", "dir", "absent"]
+Closed = Literal["verified", "restored"]
 RUN_FILE = "run.json"
+
+
+class OpenRunError(SpecdeployError):
+    """An earlier run replaced things and never ended: its copies must not be discarded."""
 
 
 @dataclass
@@ -46,6 +54,12 @@ class Entry:
 class RunRecord:
     run_id: str
     entries: list[Entry] = field(default_factory=list)
+    closed: Closed | None = None
+
+    @property
+    def open(self) -> bool:
+        """The run replaced something and neither passed its gate nor was restored."""
+        return bool(self.entries) and self.closed is None
 
     def entry(self, path: Path) -> Entry | None:
         return next((e for e in self.entries if e.path == str(path)), None)
@@ -82,8 +96,18 @@ class Keeper:
         self.directory = Path(directory)
         self.run_id = run_id
 
+    def _refuse_open_run(self, record: RunRecord | None) -> None:
+        if record is not None and record.run_id != self.run_id and record.open:
+            raise OpenRunError(
+                f"run {record.run_id} replaced {len(record.entries)} item(s) and never ended "
+                f"(no passing gate, no restore): its copies are the last good stack",
+                hint=f"restore them first: `specdeploy rollback recover --run-id {self.run_id}` "
+                "(the deploy does this before anything else), then re-run",
+            )
+
     def _load(self) -> RunRecord:
         record = load_run(self.directory)
+        self._refuse_open_run(record)
         if record is None or record.run_id != self.run_id:
             for sub in ("copies", "failed"):
                 shutil.rmtree(self.directory / sub, ignore_errors=True)
@@ -93,6 +117,7 @@ class Keeper:
     def stage(self, path: Path) -> Staged:
         """Copy `path` aside before a step that may change it; commit() if it did change."""
         path = Path(path)
+        self._refuse_open_run(load_run(self.directory))  # before anything is replaced
         atomic.ensure_dir(self.directory / "staging")
         staged = self.directory / "staging" / f"{path.name}.{time.monotonic_ns()}"
         kind = kind_of(path)
@@ -130,7 +155,7 @@ class Staged:
 
 
 def _to_json(record: RunRecord) -> dict[str, Any]:
-    return {"run_id": record.run_id, "entries": [asdict(e) for e in record.entries]}
+    return {"run_id": record.run_id, "closed": record.closed, "entries": [asdict(e) for e in record.entries]}
 
 
 def load_run(directory: Path) -> RunRecord | None:
@@ -138,4 +163,15 @@ def load_run(directory: Path) -> RunRecord | None:
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
-    return RunRecord(data["run_id"], [Entry(**e) for e in data["entries"]])
+    return RunRecord(data["run_id"], [Entry(**e) for e in data["entries"]], data.get("closed"))
+
+
+def close_run(directory: Path, run_id: str, how: Closed) -> bool:
+    """Mark run `run_id` as ended (its gate passed, or its copies were put back); False when
+    the record belongs to another run or there is none (the run replaced nothing)."""
+    record = load_run(directory)
+    if record is None or record.run_id != run_id:
+        return False
+    record.closed = how
+    atomic.write_json(Path(directory) / RUN_FILE, _to_json(record))
+    return True

@@ -7,13 +7,16 @@ site overrides any root per host or group in its inventory (models on a data dis
 `HostLayout.of(...)` takes those overrides and every command that touches the host accepts
 the same `--models-dir`, `--serving-dir`, `--state-dir`, `--cache-dir`.
 
-    <models>/<org>/<name>/              verified downloads at the pinned revisions
-    <serving>/drafter/                  the drafter's serving directory (config.json + links)
+    <models>/<org>/<name>/<revision>/   verified downloads, one directory per revision (weights.store)
+    <serving>/target                    link to the target revision the engine serves
+    <serving>/drafter-source            link to the drafter revision its serving directory is built from
+    <serving>/drafter                   link to drafter-builds/<sha>-<ns>/: the drafter's config.json + links
     <state>/specdeploy.lock             values recorded at first fetch/build/write
     <state>/profiles/<sha>/<name>.yaml  the profile copy each installed unit names
     <state>/rollback/                   what the current deploy run replaced (core.keeper)
     <state>/runs/<run-id>/gate.json     every gate run's report, with the profile and lock it ran with
     <state>/verified -> runs/<run-id>   the last run whose gate passed
+    <state>/secrets/<name>              the API key (root, mode 0600): podman secret / systemd credential source
     <cache>/                            the engine's writable cache (container profiles)
     /opt/specdeploy/                    the CLI's venv, wheelhouse, profiles, image build context
     /opt/specdeploy/engines/<pkg>-<version>-<sha12>/   one engine venv per engine archive (venv runtime)
@@ -39,6 +42,15 @@ GUARDS_IN_CONTEXT = "python/specdeploy/images/guards.py"
 GUARDS_IN_IMAGE = "/opt/specdeploy/build_guards.py"
 ENGINE_USER = "specdeploy"
 ENGINE_HOME = DATA_ROOT / "home"
+# The engine's uid and gid: the images run as 10001 (Containerfiles' USER), and a rootful
+# container's uid is the host's, so the host's engine user has the same ids. Models and serving
+# directories are group-readable by it (not by others: gated weights); the cache is its own.
+ENGINE_UID = 10001
+# The launcher every engine starts through (engine.launch): in the build context and in the image.
+LAUNCHER_IN_CONTEXT = "python/specdeploy/engine/launch.py"
+LAUNCHER_IN_IMAGE = "/opt/specdeploy/launch.py"
+# Where a container reads a podman secret mounted as a file.
+SECRETS_IN_CONTAINER = "/run/secrets"
 # Where each runtime's unit lives: podman's quadlet generator reads .container files from
 # /etc/containers/systemd; a plain service lives with systemd's other local units.
 UNIT_FILES = {
@@ -51,6 +63,9 @@ UNIT_HEADER = "# Managed by specdeploy from profile {name}: do not edit; change 
 UNIT_PROFILE_LINE = "# specdeploy-profile-file: "
 
 DRAFTER_SERVING = "drafter"  # under <serving>
+TARGET_SERVING = "target"
+DRAFTER_BUILDS = "drafter-builds"  # beside the drafter's serving link: one directory per written version
+DRAFTER_SOURCE = "drafter-source"
 
 
 def unit_profile_file(unit_text: str) -> str | None:
@@ -114,15 +129,35 @@ class HostLayout:
         return self.state / "profiles"
 
     @property
+    def secrets(self) -> Path:
+        return self.state / "secrets"
+
+    def secret_file(self, name: str) -> Path:
+        """The root-only file holding secret `name` (the API key): the source of the podman
+        secret, of the venv unit's credential, and what the gate sends."""
+        return self.secrets / name
+
+    @property
     def drafter_serving(self) -> Path:
         return self.serving / DRAFTER_SERVING
 
+    @property
+    def target_serving(self) -> Path:
+        return self.serving / TARGET_SERVING
+
+    @property
+    def drafter_source(self) -> Path:
+        return self.serving / DRAFTER_SOURCE
+
     def download(self, repo: str) -> Path:
-        """Where a hub repository's verified download lives."""
+        """Where a hub repository's verified revisions live (one directory each)."""
         return self.models / repo
 
     def to_json(self) -> dict[str, str]:
-        names = ("models", "serving", "state", "cache", "lock", "rollback", "runs", "verified", "drafter_serving")
+        names = (
+            "models", "serving", "state", "cache", "lock", "rollback", "runs", "verified",
+            "drafter_serving", "target_serving", "drafter_source",
+        )  # fmt: skip
         return {name: str(getattr(self, name)) for name in names}
 
 

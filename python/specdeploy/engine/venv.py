@@ -70,8 +70,9 @@ def _unpack(archive: Path, dest: Path) -> None:
         tar.extractall(dest, members=members)  # noqa: S202 (every member checked above)
 
 
-def install(archive: Path, root: Path, name: str) -> EngineVenv:
-    """Make `<root>/<name>-<sha12>` a complete venv of exactly the archive's locked wheels."""
+def install(archive: Path, root: Path, name: str, *, check: bool = False) -> EngineVenv:
+    """Make `<root>/<name>-<sha12>` a complete venv of exactly the archive's locked wheels.
+    With `check`, only report whether it would be built (`ansible-playbook --check`)."""
     if not archive.is_file():
         raise EngineVenvError(
             f"no engine archive at {archive}",
@@ -79,8 +80,8 @@ def install(archive: Path, root: Path, name: str) -> EngineVenv:
         )
     sha = sha256_file(archive)
     dest = root / f"{name}-{sha[:12]}"
-    if (dest / COMPLETE).is_file():
-        return EngineVenv(dest, sha, changed=False)
+    if (dest / COMPLETE).is_file() or check:
+        return EngineVenv(dest, sha, changed=not (dest / COMPLETE).is_file())
     shutil.rmtree(dest, ignore_errors=True)  # an install that died half way
     atomic.ensure_dir(root)
     with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=root) as tmp:

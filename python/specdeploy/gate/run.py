@@ -17,6 +17,7 @@ migrations) read. A run that does not pass never touches it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import shutil
 import signal
@@ -28,12 +29,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from specdeploy.core import atomic, layout
+from specdeploy.core import atomic, keeper, layout
 from specdeploy.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, SpecdeployError
-from specdeploy.engine import startup_log
+from specdeploy.engine import secret, startup_log
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rollback import restore
 from specdeploy.smoke import stages as smoke
+from specdeploy.weights import store
 
 REPORT = "gate.json"
 KEEP_RUNS = 20  # run directories kept besides the verified one
@@ -107,6 +109,9 @@ class GateReport:
     smoke: dict[str, Any] | None = None
     rollback: dict[str, Any] | None = None
     verified: bool = False
+    # what the serving links resolved to when the stack passed (weights.store.prune keeps these)
+    served: list[str] | None = None
+    pruned: list[str] | None = None
     finished_at: str | None = None
     rolling_back: bool = False
     # Set when the gate could not run at all: the CLI's exit code for that error (a bad
@@ -147,6 +152,8 @@ class GateReport:
             "smoke": self.smoke,
             "rollback": self.rollback,
             "verified": self.verified,
+            "served": self.served,
+            "pruned": self.pruned,
         }
 
     def write(self) -> None:
@@ -207,7 +214,9 @@ def _mark_verified(report: GateReport, host: layout.HostLayout) -> None:
     held = {signal.SIGTERM, signal.SIGINT}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
+        report.served = store.served_now(host)
         atomic.symlink(host.verified, report.directory.relative_to(host.state))
+        keeper.close_run(host.rollback, report.run_id, "verified")  # its copies are obsolete now
         report.verified = True
         report.verdict = Verdict.passed
         report.message = f"{report.profile} passed its gate: {host.verified} now points at this run"
@@ -244,6 +253,8 @@ def run_gate(
             report.endpoint = options.endpoint or f"http://127.0.0.1:{profile.engine.serve.port}"
             _keep_inputs(report, profile_file, profile, host)
             report.write()
+            if options.api_key is None:  # the host's key file (engine.secret), as the engine reads it
+                options = dataclasses.replace(options, api_key=secret.read(profile, host))
             _gate(report, profile, host, options, prove or _restore_and_prove(options.unit))
     except (Interrupted, KeyboardInterrupt) as exc:
         signal_name = str(exc) or "SIGINT"
@@ -302,6 +313,9 @@ def _gate(
         verdict = Verdict.failed
     if verdict is Verdict.passed:  # a pass is recorded together with the verified/ flip
         _mark_verified(report, host)
+        # only now may old revisions go: this run's and the last passing ones' stay
+        report.pruned = store.prune(host, profile.weights.keep_revisions)
+        report.write()
         return
     report.verdict = verdict
     report.write()

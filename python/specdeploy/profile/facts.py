@@ -29,9 +29,8 @@ def deploy_facts(
     installed = install.to_json()
     drafter = profile.drafter
     gated = [m.repo for m in (profile.target, drafter) if m is not None and m.gated]
+    # the revisions themselves are resolved on the host (`weights serve`): the roles name the links
     paths = host.to_json() | {
-        "target_download": str(host.download(profile.target.repo)),
-        "drafter_download": str(host.download(drafter.repo)) if drafter else None,
         "image_archive": str(host.state / "image.tar"),
         "weights_archive": str(host.state / "weights.tar"),
     }
@@ -58,13 +57,21 @@ def deploy_facts(
             "speculative_method": profile.engine.speculative.method,
             "has_drafter_config": drafter is not None and drafter.config is not None,
             "gated_repos": gated,
+            # the secret the engine's API key is stored as (engine.secret), or None: no key
+            "api_key": profile.engine.serve.api_key.secret if profile.engine.serve.api_key else None,
         },
         "install": installed,
         # venv runtime: the engine's own archive and venv root (None for container profiles)
         "engine": engine,
         # container runtime: every file `podman build` reads from the context (None for venv)
         "image": (
-            {"context_files": [profile.engine.image.containerfile, layout.GUARDS_IN_CONTEXT]}
+            {
+                "context_files": [
+                    profile.engine.image.containerfile,
+                    layout.GUARDS_IN_CONTEXT,
+                    layout.LAUNCHER_IN_CONTEXT,
+                ]
+            }
             if profile.engine.image
             else None
         ),
@@ -74,6 +81,7 @@ def deploy_facts(
             "file": str(layout.UNIT_FILES[profile.engine.runtime]),
             "dir": str(layout.UNIT_FILES[profile.engine.runtime].parent),
             "user": layout.ENGINE_USER,
+            "uid": layout.ENGINE_UID,
             "user_home": str(layout.ENGINE_HOME),
             # the host address a container engine's port is published on (inventory override)
             "publish_host": publish_host or layout.DEFAULT_PUBLISH_HOST,

@@ -345,6 +345,17 @@ class HostSpec(_Strict):
     disk: DiskSpec
 
 
+class WeightsSpec(_Strict):
+    """How many verified revisions a host keeps (weights.store.prune, after a passing gate)."""
+
+    keep_revisions: int = Field(
+        2,
+        ge=1,
+        description="revisions of each model kept on disk: those of the last N passing deploys, plus what is "
+        "served now; 2 keeps one rollback target (the Qwen3.6-27B target alone is 51.75 GiB)",
+    )
+
+
 class Profile(_Strict):
     schema_version: Literal[1]
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
@@ -354,6 +365,7 @@ class Profile(_Strict):
     drafter: DrafterSpec | None = None
     smoke: SmokeSpec
     host: HostSpec | None = None
+    weights: WeightsSpec = Field(default_factory=WeightsSpec)
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:

@@ -1,7 +1,10 @@
-"""The rehearsal's weights archive: its fixture models laid out as `<org>/<name>`.
+"""The rehearsal's weights archive: its fixture models laid out as `<org>/<name>/<revision>`.
 
 That is the layout `specdeploy fetch` leaves under `models/` on a host, so the play's
-`weights_source=archive` path unpacks it as is. Each repository is copied into a sibling
+`weights_source=archive` path unpacks it as is. Fixtures have no hub commit: each one's
+revision is named by its content (weights.store.content_revision), and the archive carries a
+manifest of every file's sha256 (weights.store.write_manifest) that the host checks after
+unpacking and records in its lock. Each repository is copied into a sibling
 temporary directory and renamed into place: an interrupted export never leaves a
 half-copied model where a finished one was. `pack` makes one tar of it with fixed names,
 times and owners, rewritten only when a byte changed: the play copies one file (one
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import fixtures, variants
+from specdeploy.weights import store
 
 # Bookkeeping of the fixture cache, not part of a model repository.
 CACHE_FILES = (".complete", "fixture.json", "training.json")
@@ -49,18 +53,26 @@ def repositories(built: dict[str, Path]) -> dict[str, Path]:
 
 
 def export(dest: Path) -> dict[str, Path]:
-    """Copy the rehearsal's models to `dest/<org>/<name>`; returns repository -> its copy."""
+    """Copy the rehearsal's models to `dest/<org>/<name>/<revision>` and write the archive's
+    manifest; returns repository -> its copy (other revisions of it are removed)."""
     exported: dict[str, Path] = {}
     for repo, source in repositories(build_all()).items():
-        final = dest / repo
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+        (dest / repo).mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=dest / repo))
         try:
             shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(*CACHE_FILES), dirs_exist_ok=True)
+            final = dest / repo / store.content_revision(tmp)
+            shutil.rmtree(tmp / store.STATE_DIR, ignore_errors=True)  # the hash cache is not part of it
             _replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        for other in (dest / repo).iterdir():
+            if other != final and not other.name.startswith("."):
+                shutil.rmtree(other, ignore_errors=True)
         exported[repo] = final
+    store.write_manifest(dest)
+    for rev_dir in exported.values():  # write_manifest's hash cache stays out of the archive
+        shutil.rmtree(rev_dir / store.STATE_DIR, ignore_errors=True)
     return exported
 
 

@@ -76,7 +76,8 @@ def wheelhouse(*profiles: str) -> Path:
 
 
 def weights() -> Path:
-    """The rehearsal's fixture models laid out as <org>/<name>, as one tar (the archive the play unpacks)."""
+    """The rehearsal's fixture models laid out as <org>/<name>/<revision> with their manifest,
+    as one tar (the archive the play unpacks)."""
     dest = cache_dir() / "rehearsal-weights"
     archive.export(dest)
     return archive.pack(dest, cache_dir() / "rehearsal-weights.tar")
@@ -103,7 +104,9 @@ def playbook_argv(
     profile: str = "cpu-rehearsal",
     profiles: Path | None = None,
     extra_vars: dict[str, str] | None = None,
+    vars_file: Path | None = None,
 ) -> list[str]:
+    """The play's command line; secrets (an API key) go in `vars_file` (mode 0600), never in argv."""
     inventory.write_text(f"[rehearsal]\n{target.inventory_line()}\n")
     variables = {
         "specdeploy_profile": profile,
@@ -123,6 +126,8 @@ def playbook_argv(
     ]
     for key, value in variables.items():
         argv += ["-e", f"{key}={value}"]
+    if vars_file is not None:
+        argv += ["-e", f"@{vars_file}"]
     return argv
 
 

@@ -20,7 +20,8 @@ from typing import Any
 
 from specdeploy.core import atomic, layout
 from specdeploy.core.errors import SpecdeployError
-from specdeploy.core.keeper import copy_path, load_run, remove_path
+from specdeploy.core.keeper import close_run, copy_path, load_run, remove_path
+from specdeploy.engine import secret
 from specdeploy.profile import load_profile
 from specdeploy.smoke import stages as smoke
 
@@ -54,11 +55,18 @@ class Restored:
         return bool(self.restored or self.removed)
 
 
-def restore(directory: Path, run_id: str, *, unit: str, run: Systemctl = systemctl) -> Restored:
+def restore(
+    directory: Path,
+    run_id: str,
+    *,
+    unit: str,
+    run: Systemctl = systemctl,
+    unit_files: tuple[Path, ...] = tuple(layout.UNIT_FILES.values()),
+) -> Restored:
     """Put back everything run `run_id` replaced, then restart (or stop) the engine unit."""
     directory = Path(directory)
     record = load_run(directory)
-    if record is None or record.run_id != run_id or not record.entries:
+    if record is None or record.run_id != run_id or not record.entries or record.closed == "restored":
         return Restored(run_id, [], [], "none", None)
     restored, removed = [], []
     for n, entry in enumerate(record.entries):
@@ -67,7 +75,11 @@ def restore(directory: Path, run_id: str, *, unit: str, run: Systemctl = systemc
             atomic.ensure_dir(directory / "failed")
             failed = directory / "failed" / str(n)
             remove_path(failed)
-            shutil.move(path, failed)  # keep what failed, for diagnosis (may cross filesystems)
+            if path.is_symlink():  # a relative link would dangle in failed/: keep where it pointed
+                failed.symlink_to(path.resolve())
+                path.unlink()
+            else:
+                shutil.move(path, failed)  # keep what failed, for diagnosis (may cross filesystems)
         if entry.kind == "absent":
             removed.append(entry.path)
             continue
@@ -83,12 +95,15 @@ def restore(directory: Path, run_id: str, *, unit: str, run: Systemctl = systemc
     if unit_entry is not None and unit_entry.kind == "absent":
         run(["stop", unit])
         action = "stopped"
+    elif unit_entry is None and not any(Path(p).is_file() for p in unit_files):
+        action = "none"  # a first deploy that failed before installing any unit: nothing runs
     else:
         # a new engine that crash-looped into its start limit would refuse a plain restart
         # ("start request repeated too quickly"): clear that first
         run(["reset-failed", unit])
         run(["restart", unit])
         action = "restarted"
+    close_run(directory, run_id, "restored")
     return Restored(run_id, restored, removed, action, min(e.saved_at for e in record.entries))
 
 
@@ -137,12 +152,12 @@ def restore_and_prove(
     stack with the profile it was deployed with (named in its unit). The downtime runs from
     the run's first replacement (the old engine stopped right after) to the restored
     engine's readiness."""
-    restored = restore(host.rollback, run_id, unit=unit, run=run)
+    restored = restore(host.rollback, run_id, unit=unit, run=run, unit_files=unit_files)
     if not restored.anything:
-        message = "this run replaced nothing: the failing stack is the one that was running before"
+        message = "this run replaced nothing (or was restored already): the stack in place is the one from before"
         return Outcome(restored, None, None, None, None, message)
-    if restored.unit_action == "stopped":
-        message = "there was no previous engine on this host: the new one is stopped and its unit removed"
+    if restored.unit_action in ("stopped", "none"):
+        message = "there was no previous engine on this host: nothing of this run's is left running"
         return Outcome(restored, None, None, None, None, message)
     unit_file = next((path for path in unit_files if path.is_file()), None)
     profile_file = layout.unit_profile_file(unit_file.read_text()) if unit_file else None
@@ -151,10 +166,35 @@ def restore_and_prove(
         return Outcome(restored, str(unit_file) if unit_file else None, None, None, None, message)
     profile = load_profile(profile_file)
     endpoint = f"http://127.0.0.1:{profile.engine.serve.port}"
-    report = smoke.run(profile, endpoint, smoke.SmokeOptions(show_progress=False))
+    options = smoke.SmokeOptions(show_progress=False, api_key=secret.read(profile, host))
+    report = smoke.run(profile, endpoint, options)
     ready = report.stage("readiness")
     ready_at = ready.details.get("ready_at") if ready else None
     downtime = ready_at - restored.changed_since if ready_at and restored.changed_since else None
     verdict = report.verdict.value
     message = f"previous stack ({profile.name}) restored; its smoke gate: {verdict}"
     return Outcome(restored, str(unit_file), profile_file, report.to_json(), downtime, message)
+
+
+def open_run(host: layout.HostLayout, current_run_id: str) -> str | None:
+    """The id of an earlier run that replaced things and never ended (interrupted), or None."""
+    record = load_run(host.rollback)
+    if record is None or record.run_id == current_run_id or not record.open:
+        return None
+    return record.run_id
+
+
+def recover(
+    host: layout.HostLayout,
+    current_run_id: str,
+    *,
+    unit: str = layout.UNIT_NAME,
+    run: Systemctl = systemctl,
+) -> Outcome | None:
+    """A deploy's first step: when an earlier run was interrupted after replacing something
+    (no passing gate, no restore), put its copies back and prove the stack they make serves,
+    before this run replaces anything. None when there is nothing to recover."""
+    interrupted = open_run(host, current_run_id)
+    if interrupted is None:
+        return None
+    return restore_and_prove(host, interrupted, unit=unit, run=run)

@@ -29,6 +29,11 @@ STATE_DIR = ".specdeploy"
 STATE_FILE = "verified.json"
 
 
+def lock_key(role: str, revision: str) -> str:
+    """The lock entry holding a revision's per-file sha256 (recorded at its first verified use)."""
+    return f"{role}.files@{revision}"
+
+
 class FetchError(SpecdeployError):
     """A download the hub refused, or a file that does not match the pinned commit."""
 
@@ -90,6 +95,9 @@ def _load_state(directory: Path) -> dict[str, Any]:
 
 
 def _save_state(directory: Path, state: dict[str, Any]) -> None:
+    """Write the hash cache when it changed (an unchanged re-run leaves the directory as it was)."""
+    if _load_state(directory) == state and (directory / STATE_DIR / STATE_FILE).is_file():
+        return
     atomic.ensure_dir(directory / STATE_DIR)
     atomic.write_bytes(directory / STATE_DIR / STATE_FILE, json.dumps(state, indent=1, sort_keys=True).encode())
 
@@ -141,7 +149,7 @@ def fetch_repo(
     from huggingface_hub import HfApi, snapshot_download
 
     revision = require(profile, f"{role}.revision", lock)
-    directory = dest / ref.repo
+    directory = dest / ref.repo / revision  # one directory per revision: a rollback serves the old one
     result = RepoResult(role, ref.repo, revision, str(directory))
     api = HfApi(endpoint=endpoint, token=token)
     try:
@@ -151,8 +159,8 @@ def fetch_repo(
         raise _explain(exc, ref.repo, revision) from None
 
     state = _load_state(directory)
-    lock_key = f"{role}.files"
-    recorded: dict[str, str] | None = lock.value(profile.name, lock_key)
+    key = lock_key(role, revision)
+    recorded: dict[str, str] | None = lock.value(profile.name, key)
     hashes: dict[str, str] = {}
     problems: list[str] = []
     for entry in tree:
@@ -197,7 +205,7 @@ def fetch_repo(
             hint="run the fetch again to download them anew; if it repeats, the mirror or disk is corrupting data",
         )
     if recorded is None:
-        result.recorded_in_lock = lock.record(profile.name, lock_key, hashes, by="fetch", detail={"revision": revision})
+        result.recorded_in_lock = lock.record(profile.name, key, hashes, by="fetch", detail={"revision": revision})
     else:
         drift = sorted(p for p in set(recorded) | set(hashes) if recorded.get(p) != hashes.get(p))
         if drift:

@@ -1,0 +1,110 @@
+"""The engine's API key on a host: one root-only file, the source of every other copy.
+
+Before this, nothing created the podman secret the quadlet names, so a GPU engine could not
+start; and the gate and the rollback's proof sent no key, so vLLM answered 401, every GPU
+deploy rolled back and the rollback reported the old stack as not serving. Now the deploy
+writes the key (from ansible-vault, on standard input) to `<state>/secrets/<name>` (mode 0600
+in a 0700 directory), creates the podman secret from that file for container engines, and the
+venv unit loads it as a systemd credential; the gate and the rollback read the same file.
+The key never appears in argv, an environment passed by Ansible, a log or a world-readable file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdeploy.core import atomic, layout
+from specdeploy.core.errors import SpecdeployError
+from specdeploy.profile import Profile
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+MIN_LENGTH = 16  # a shorter key is guessable: refuse it rather than deploy it
+
+
+class SecretError(SpecdeployError):
+    """The API key is missing, too weak, or could not be stored."""
+
+
+@dataclass
+class Installed:
+    name: str
+    file: str
+    changed: bool  # the file's content changed: the engine must restart to take the new key
+    podman: str  # "created", "unchanged" or "not used" (venv runtime)
+
+
+def _secret_name(profile: Profile) -> str:
+    ref = profile.engine.serve.api_key
+    if ref is None:
+        raise SecretError(
+            f"profile {profile.name} has no engine.serve.api_key: there is no key to install",
+            hint="reference a secret in the profile (api_key: {secret: specdeploy_api_key}) or skip this step",
+        )
+    return ref.secret
+
+
+def _podman(podman: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([podman, "secret", *args], input=stdin, capture_output=True)
+
+
+def install(profile: Profile, host: layout.HostLayout, key: str, *, podman: str = "podman") -> Installed:
+    """Store `key` as the profile's API key on this host (idempotent), and as a podman secret
+    for a container engine. The key is passed to podman on standard input, never in argv."""
+    name = _secret_name(profile)
+    key = key.strip()
+    if len(key) < MIN_LENGTH:
+        raise SecretError(
+            f"API key for secret {name}: expected at least {MIN_LENGTH} characters, found {len(key)}",
+            hint="set a long random key in ansible-vault (engine_api_key), e.g. `openssl rand -hex 32`; "
+            "a missing or short key leaves the engine open or guessable",
+        )
+    path = host.secret_file(name)
+    atomic.ensure_dir(path.parent)
+    os.chmod(path.parent, DIR_MODE)
+    data = key.encode()
+    changed = not (path.is_file() and path.read_bytes() == data and (path.stat().st_mode & 0o777) == FILE_MODE)
+    if changed:
+        atomic.write_bytes(path, data, FILE_MODE)
+    podman_state = "not used"
+    if profile.engine.runtime == "container":
+        exists = _podman(podman, "inspect", name).returncode == 0
+        podman_state = "unchanged"
+        if changed or not exists:
+            if exists:
+                _podman(podman, "rm", name)
+            done = _podman(podman, "create", name, "-", stdin=data)
+            if done.returncode != 0:
+                raise SecretError(
+                    f"podman secret create {name} failed (exit {done.returncode}): "
+                    + done.stderr.decode(errors="replace").strip(),
+                    hint="check that podman works on this host (`podman info`); the engine cannot start without it",
+                )
+            podman_state = "created"
+    return Installed(name, str(path), changed, podman_state)
+
+
+def read(profile: Profile, host: layout.HostLayout) -> str | None:
+    """The key the gate and the rollback's proof send: None when the profile needs none; the
+    environment's $SPECDEPLOY_API_KEY first (a run by hand), else the host's key file."""
+    if profile.engine.serve.api_key is None:
+        return None
+    from_env = os.environ.get("SPECDEPLOY_API_KEY")
+    if from_env:
+        return from_env
+    path = host.secret_file(profile.engine.serve.api_key.secret)
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as exc:
+        raise SecretError(
+            f"profile {profile.name} serves with an API key, but {path} cannot be read "
+            f"({exc.strerror or exc}): the smoke would be answered 401",
+            hint="run the deploy's engine stage (it installs the key from ansible-vault), "
+            "or set $SPECDEPLOY_API_KEY for a run by hand",
+        ) from None
+    if not key:
+        raise SecretError(f"{path} is empty: profile {profile.name} needs its API key there")
+    return key
