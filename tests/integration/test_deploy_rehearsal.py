@@ -170,56 +170,43 @@ def _profiles_with(tmp_path: Path, *extra: Path) -> Path:
     return directory
 
 
-def test_one_serve_flag_changes_and_restarts_only_the_engine(
-    host: Host, tmp_path: Path, wheelhouse: Path, weights: Path
-) -> None:
+def _keyed_profiles(tmp_path: Path) -> Path:
+    """cpu-rehearsal with one serve flag changed (max_model_len 448), serving with an API key."""
     profiles = _profiles_with(tmp_path)
     text = (profiles / "cpu-rehearsal.yaml").read_text()
     assert "    max_model_len: 512\n" in text
-    (profiles / "cpu-rehearsal.yaml").write_text(text.replace("    max_model_len: 512\n", "    max_model_len: 448\n"))
-    before = _engine_started(host)
-
-    run, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=profiles)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    # The new profile file lands on the host; of the stack, only the engine unit changes,
-    # and the only restart is the engine's (weights, drafter config, CLI: all unchanged).
-    assert _changed_tasks(run.stdout) == [
-        "specdeploy : Copy the deployment profile",
-        "engine : Install the engine unit rendered from the profile",
-        "engine : Restart the engine",
-    ]
-    assert _engine_started(host) != before
-    unit = host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout
-    assert "--max-model-len 448" in unit
-    assert report is not None and report["verdict"] == "pass"
-
-
-def _keyed_profiles(tmp_path: Path) -> Path:
-    """cpu-rehearsal as the previous test left it (max_model_len 448), serving with an API key."""
-    profiles = _profiles_with(tmp_path)
-    text = (profiles / "cpu-rehearsal.yaml").read_text()
     key = "    max_model_len: 448\n    api_key:\n      secret: specdeploy_api_key\n"
     (profiles / "cpu-rehearsal.yaml").write_text(text.replace("    max_model_len: 512\n", key))
     return profiles
 
 
-def test_an_api_key_from_the_vault_guards_the_engine_and_is_sent_by_the_gate_only(
+def test_a_serve_flag_and_an_api_key_change_only_the_engine_and_the_gate_sends_the_key(
     host: Host, tmp_path: Path, wheelhouse: Path, weights: Path
 ) -> None:
-    """GPU-host blocker 4, on the venv path with a canary key: nothing installed the key, the
-    venv unit's `LoadCredential=` never reached vLLM, and the gate sent no key (a 401, so every
-    deploy rolled back). The key now goes from a vars file (as from ansible-vault) on stdin to a
+    """One changed serve flag, and an API key added (GPU-host blocker 4, on the venv path, with a
+    canary key): nothing installed the key, the venv unit's `LoadCredential=` never reached vLLM,
+    and the gate sent no key (a 401, so every deploy rolled back). Of the stack only the engine
+    changes and restarts. The key goes from a vars file (as from ansible-vault) on stdin to a
     root-only file, systemd hands it to the launcher as a credential, the launcher to vLLM
     in-process; the gate reads the file and passes. Unauthenticated requests get 401, and the
-    canary is in no process's command line or environment listing and nowhere in the journal."""
-    profiles = _keyed_profiles(tmp_path)
-    run, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=profiles)
+    canary is in no process's command line, nowhere in the journal or the play's output."""
+    before = _engine_started(host)
+    run, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=_keyed_profiles(tmp_path))
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    # The new profile file lands on the host; of the stack, only the engine changes (its key and
+    # unit), and the only restart is the engine's (weights, drafter config, CLI: all unchanged).
+    assert _changed_tasks(run.stdout) == [
+        "specdeploy : Copy the deployment profile",
+        "engine : Install the engine's API key",
+        "engine : Install the engine unit rendered from the profile",
+        "engine : Restart the engine",
+    ]
+    assert _engine_started(host) != before
     assert report is not None and report["verdict"] == "pass", report
-    assert "engine : Install the engine's API key" in _changed_tasks(run.stdout)
     key_file = DEFAULT.secret_file("specdeploy_api_key")
     assert host.ssh(f"stat -c '%a %U' {key_file} {key_file.parent}").stdout.split("\n")[:2] == ["600 root", "700 root"]
     unit = host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout
+    assert "--max-model-len 448" in unit
     assert f"LoadCredential=specdeploy_api_key:{key_file}" in unit and API_KEY not in unit
     probe = (
         "import urllib.request as u, urllib.error as e\n"
@@ -238,17 +225,21 @@ def _serving_version(host: Host) -> str:
     return json.loads(done.stdout)["version"]
 
 
-def test_an_interrupted_run_is_restored_and_proven_before_the_next_run_replaces_anything(
+def test_an_interrupted_run_is_recovered_first_and_a_failure_before_the_gate_is_restored(
     host: Host, tmp_path: Path, wheelhouse: Path, weights: Path
 ) -> None:
-    """GPU-host blocker 9: a run that replaced the engine unit and then died before its gate (the
-    controller lost, a stage run alone) left an ungated engine serving, and the next run's first
-    replacement discarded the last good copies. Here the engine stage's own command installs a
-    changed unit under run id `interrupted-1` and the engine restarts on it; no gate runs. The
-    next play restores that run's copies and proves the previous stack serves (with its API
-    key) before anything else, then deploys and gates as usual."""
+    """GPU-host blocker 9, two ways the gate never ran. (1) A run replaced the engine unit and
+    died before its gate (the controller lost, a stage run alone): an ungated engine served, and
+    the next run's first replacement discarded the last good copies. Here the engine stage's own
+    command installs a changed unit under run id `interrupted-1` and the engine restarts on it.
+    (2) The next play then fails after its own first replacement: the weights stage switches the
+    drafter source to the DFlash drafter, whose config the drafter stage refuses (the field
+    failure: a wrong mask_token_id pinned in the profile). The play restores and proves the
+    previous stack (with its API key) before anything else, and its rescue restores what it
+    replaced itself; the host ends on the last good stack, serving."""
     unit_file = layout.UNIT_FILES["venv"]
     unit_before = host.ssh(f"cat {unit_file}").stdout
+    source_before = host.ssh(f"readlink {DEFAULT.drafter_source}").stdout
     python = re.search(r"^ExecStart=(\S+) ", unit_before, re.M)
     assert python is not None
     host.ssh(
@@ -259,15 +250,29 @@ def test_an_interrupted_run_is_restored_and_proven_before_the_next_run_replaces_
         f"--python {python.group(1)} && systemctl daemon-reload && systemctl restart {layout.UNIT_NAME}"
     )
     assert "--max-model-len 384" in host.ssh(f"cat {unit_file}").stdout  # the ungated engine runs
+    dflash = variants.dflash(load_profile("cpu-rehearsal"), port=8100)
+    drafter = dflash.model_dump(mode="json")["drafter"]
+    drafter["config"]["expected"]["mask_token_id"]["value"] = 7
+    bad = variants.derive(dflash, "cpu-rehearsal-dflash-badmask", {"drafter": drafter}, replace=("drafter",))
+    path = variants.materialize(bad, tmp_path / "variant")
+    shutil.copy(path, _keyed_profiles(tmp_path) / path.name)
 
-    run, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=_keyed_profiles(tmp_path))
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    run, report = _playbook(host, tmp_path, wheelhouse, weights, profile=path.stem, profiles=tmp_path / "profiles")
+    assert run.returncode != 0 and report is None, run.stdout[-4000:]  # it never reached the gate
     changed = _changed_tasks(run.stdout)
-    assert changed[0] == "specdeploy : Recover an interrupted earlier run (restore and prove the previous stack)"
-    assert host.ssh(f"cat {unit_file}").stdout == unit_before  # the last good unit, not the ungated one
+    # (1) the interrupted run first, before any stage; (2) then this run's own replacement, the
+    # refusal, and the rescue
+    recover = changed.index("specdeploy : Recover an interrupted earlier run (restore and prove the previous stack)")
+    assert recover < changed.index("weights : Verify the revisions and link them for serving"), changed
+    assert changed[-1] == "Restore what this run replaced and prove the previous stack serves", changed
+    assert "Verify the downloaded drafter config failed" in run.stdout and "rollback:" in run.stdout
+    # the last good stack: its unit (not the ungated one), its drafter source, serving
+    assert host.ssh(f"cat {unit_file}").stdout == unit_before
+    assert host.ssh(f"readlink {DEFAULT.drafter_source}").stdout == source_before
     record = json.loads(host.ssh(f"cat {DEFAULT.rollback}/run.json").stdout)
-    assert record["run_id"] == "interrupted-1" and record["closed"] == "restored"
-    assert report is not None and report["verdict"] == "pass"
+    assert record["run_id"] != "interrupted-1" and record["closed"] == "restored"
+    assert [e["path"] for e in record["entries"]] == [str(DEFAULT.drafter_source)]
+    assert host.ssh(f"systemctl is-active {layout.UNIT_NAME}").stdout.strip() == "active"
 
 
 def test_switching_the_host_to_another_engine_release_is_a_deploy(
@@ -401,7 +406,7 @@ def test_preflight_reads_recorded_real_nvidia_smi_outputs_on_the_host(
         assert levels[check] == level, checks
     # bookworm's test host has no podman, and apt would install 4.3: a real refusal naming the fix
     podman = next(c for c in checks if c["name"] == "podman")
-    assert podman["level"] == "fail" and "use a distribution whose podman is 4.5+" in podman["fix"]
+    assert podman["level"] == "fail" and "use a distribution whose podman is 5.0+" in podman["fix"]
     for c in checks:
         if c["level"] == "fail":
             assert c["found"] and c["expected"] and c["fix"], c

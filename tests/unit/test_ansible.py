@@ -274,11 +274,13 @@ def test_a_play_without_a_limit_is_refused_before_anything_runs(tmp_path: Path) 
 
 
 def test_skipping_the_gate_is_refused_before_anything_runs(tmp_path: Path) -> None:
-    """GPU-host blocker 9: `--skip-tags smoke_gate` restarted the engine without the gate. The
-    play now stops at its first tasks, naming the alternative, before the CLI or any stage."""
+    """GPU-host blocker 9: `--skip-tags smoke_gate` restarted the engine without the gate. So
+    would skipping any tag the gate carries (`--skip-tags images`: the gate is skipped with it
+    while the engine stage still queues a restart). The play now stops at its first tasks,
+    naming the alternative, before the CLI or any stage."""
     inventory = tmp_path / "hosts.ini"
     inventory.write_text("[a6000]\nlocalhost ansible_connection=local\n")
-    for skipped in ("smoke_gate", "engine,smoke_gate"):
+    for skipped in ("smoke_gate", "engine,smoke_gate", "images", "weights"):
         done = subprocess.run(
             [str(BIN / "ansible-playbook"), "deploy.yml", "-i", str(inventory), "-l", "a6000",
              "--skip-tags", skipped],
@@ -286,3 +288,13 @@ def test_skipping_the_gate_is_refused_before_anything_runs(tmp_path: Path) -> No
         )  # fmt: skip
         assert done.returncode != 0 and "would restart the engine without the gate" in done.stdout, done.stdout
         assert "Require a profile and a wheelhouse" not in done.stdout
+
+
+def test_the_refusal_and_the_gate_name_the_same_stages() -> None:
+    """Tags cannot be templated, so the gate's import lists its tags and the play's variable
+    lists them again for the refusal: the two lists must stay one."""
+    import yaml
+
+    play = yaml.safe_load((ROOT / "ansible" / "deploy.yml").read_text())[0]
+    gate_tags = dict(_play_stages())["smoke_gate"]
+    assert sorted(play["vars"]["specdeploy_gate_tags"]) == sorted(gate_tags)

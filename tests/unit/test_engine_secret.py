@@ -91,6 +91,9 @@ def test_a_missing_or_short_key_is_refused_before_anything_is_written(tmp_path: 
         secret.install(profile, host, "\n")
     assert "engine_api_key" in (info.value.hint or "")
     assert not host.secrets.exists()
+    with pytest.raises(secret.SecretError, match="found other characters"):
+        secret.install(profile, host, "a'quoted\\key-0123456789")  # repr would escape it past the mask
+    assert not host.secrets.exists()
     with pytest.raises(secret.SecretError, match="cannot be read") as unread:
         secret.read(profile, host)
     assert "401" in unread.value.message

@@ -132,9 +132,9 @@ def _passing_run(host: layout.HostLayout, run_id: str, finished: str) -> None:
 
 
 def test_pruning_keeps_the_last_passing_revisions_and_what_is_served(tmp_path: Path) -> None:
-    """Disk is finite (the target alone is 51.75 GiB): revisions older than the last N passing
-    deploys go, after a pass only; the served one, the last N, and anything specdeploy did not
-    verify stay. `--check` only reports."""
+    """Disk is finite (the target alone is 51.75 GiB): beyond the N most recent distinct revisions
+    that passing deploys served, revisions go (after a pass only); the served one, those N (no-op
+    re-runs do not count twice), and anything specdeploy did not verify stay. `--check` only reports."""
     host = _host(tmp_path)
     profile: Profile = PROFILE
     revisions = []
@@ -150,6 +150,9 @@ def test_pruning_keeps_the_last_passing_revisions_and_what_is_served(tmp_path: P
         revisions.append(made["target"])
         if n < 4:  # the fourth is served but has not passed a gate yet
             _passing_run(host, f"run-{n}", f"2026-12-01T00:0{n}:00+00:00")
+        if n == 3:  # two no-op re-runs: the same revision again must not push an older one out
+            _passing_run(host, "rerun-a", "2026-12-01T00:03:30+00:00")
+            _passing_run(host, "rerun-b", "2026-12-01T00:03:40+00:00")
     foreign = host.models / profile.target.repo / "hand-copied"
     foreign.mkdir()
 
@@ -182,3 +185,17 @@ def test_only_the_engines_group_may_read_the_weights_and_links_are_not_followed(
     assert (made["target"].stat().st_mode & 0o777, host.models.stat().st_mode & 0o777) == (0o750, 0o750)
     assert outside.stat().st_mode & 0o777 == 0o644 and (host.serving / "stray").lstat().st_gid == gid
     assert store.restrict_to_engine([host.models, host.serving], gid) == []
+
+
+def test_what_the_last_archive_delivered_is_never_pruned(tmp_path: Path) -> None:
+    """Found on the rehearsal host: the archive carries a drafter no passing deploy had served
+    yet (the DFlash variant's); a pass pruned it, and since the archive is unpacked again only
+    when it changes, the next deploy of that variant found its revision gone."""
+    host = _host(tmp_path)
+    _archive(host.models, b"target v1")
+    other = _revision(host.models, "specdeploy-fixtures/other-drafter", b"never served yet")
+    store.write_manifest(host.models)  # the archive holds it too
+    store.hashes(other)  # verified once, as `weights serve` of a profile that uses it would
+    store.serve(PROFILE, host, Lock(host.lock))
+    _passing_run(host, "run-1", "2026-12-01T00:01:00+00:00")
+    assert store.prune(host, keep=1) == [] and other.is_dir()

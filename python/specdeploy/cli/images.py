@@ -55,6 +55,7 @@ def image_ensure(
     lock: base.LockOpt = None,
     podman: base.PodmanOpt = "podman",
     driver: DriverOpt = None,
+    check: base.CheckOpt = False,
 ) -> None:
     """Make the profile's image present (build, pull by digest or load an archive), check its
     labels against the profile, and print JSON {changed, reference, ...} for Ansible.
@@ -70,6 +71,7 @@ def image_ensure(
         archive=archive,
         podman=podman,
         driver_version=driver,
+        check=check,
     )
     bad = [r.__dict__ for r in ensured.labels if not r.ok]
     summary = {

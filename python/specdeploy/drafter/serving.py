@@ -45,11 +45,21 @@ def _refuse_unresolved(profile: Profile) -> None:
         )
 
 
+def _follow(path: Path) -> Path:
+    """Where a link (such as <serving>/drafter-source) points, followed lexically: a models root
+    reached through a symlink keeps the path the container mounts, which resolve() would lose."""
+    seen = 0
+    while path.is_symlink() and seen < 40:
+        path = Path(os.path.normpath(path.parent / os.readlink(path)))
+        seen += 1
+    return path.absolute()
+
+
 def _wanted_links(build: Path, source: Path) -> dict[str, str]:
     """One relative link per source file (weights, tokenizer, ...), as seen from a build directory:
     valid on the host and in a container mounting the models and serving dirs (weights.store)."""
     return {
-        p.name: os.path.relpath(p.resolve(), build)
+        p.name: os.path.relpath(p, build)  # lexical: the paths the container mounts, not physical ones
         for p in sorted(source.iterdir())
         if p.is_file() and p.name != CONFIG_NAME and not p.name.startswith(".")
     }
@@ -120,7 +130,7 @@ def write_serving_dir(
     if profile.drafter is None or profile.drafter.config is None:
         raise SpecdeployError(f"profile {profile.name} has no drafter config to write")
     _refuse_unresolved(profile)
-    source_dir, serving_dir = Path(source_dir).resolve(), Path(serving_dir)
+    source_dir, serving_dir = _follow(Path(source_dir)), Path(serving_dir)
     if source_dir.resolve() == serving_dir.resolve():
         raise WriteError(
             f"serving directory {serving_dir} is the download itself",

@@ -12,6 +12,7 @@ The key never appears in argv, an environment passed by Ansible, a log or a worl
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from specdeploy.profile import Profile
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 MIN_LENGTH = 16  # a shorter key is guessable: refuse it rather than deploy it
+# Characters a log prints as they are (repr, JSON): the launcher's masking sees the key verbatim.
+KEY_CHARACTERS = re.compile(r"[A-Za-z0-9._~+/=-]+")
 
 
 class SecretError(SpecdeployError):
@@ -61,6 +64,12 @@ def install(profile: Profile, host: layout.HostLayout, key: str, *, podman: str 
             f"API key for secret {name}: expected at least {MIN_LENGTH} characters, found {len(key)}",
             hint="set a long random key in ansible-vault (engine_api_key), e.g. `openssl rand -hex 32`; "
             "a missing or short key leaves the engine open or guessable",
+        )
+    if not KEY_CHARACTERS.fullmatch(key):
+        raise SecretError(
+            f"API key for secret {name}: expected only letters, digits and . _ ~ + / = -, found other characters",
+            hint="use e.g. `openssl rand -hex 32`: the launcher masks the key in the engine's logs, and a "
+            "quote or backslash would be escaped there (SGLang logs its arguments with repr) and slip past it",
         )
     path = host.secret_file(name)
     atomic.ensure_dir(path.parent)

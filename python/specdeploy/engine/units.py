@@ -69,11 +69,21 @@ def _model_paths(profile: Profile, host: layout.HostLayout) -> tuple[str, str | 
 
 # A read-only root (hardening): every cache an engine writes goes under the /cache volume.
 CONTAINER_CACHE_ENV = {
-    "XDG_CACHE_HOME": "/cache/xdg",  # FlashInfer's JIT cache and other ~/.cache users
+    "HOME": "/cache/home",  # the image user's home is on the read-only root (~/.deep_gemm, ~/.config, ...)
+    "XDG_CACHE_HOME": "/cache/xdg",  # ~/.cache users
+    "FLASHINFER_WORKSPACE_BASE": "/cache/flashinfer",  # FlashInfer's JIT cache ignores XDG_CACHE_HOME
     "TRITON_CACHE_DIR": "/cache/triton",
     "TORCHINDUCTOR_CACHE_DIR": "/cache/torchinductor",
     "VLLM_CACHE_ROOT": "/cache/vllm",
 }
+
+
+def _publish_addresses(publish_host: str | None) -> list[str]:
+    """Loopback always (the gate probes 127.0.0.1), plus the inventory's address when it is another."""
+    addresses = [layout.DEFAULT_PUBLISH_HOST]
+    if publish_host and publish_host != layout.DEFAULT_PUBLISH_HOST:
+        addresses.append(publish_host)
+    return addresses
 
 
 def render_quadlet(
@@ -118,9 +128,10 @@ def render_quadlet(
         f"Volume={host.models}:{host.models}:ro",
         f"Volume={host.serving}:{host.serving}:ro",
         f"Volume={host.cache}:/cache",
-        # inside the container the engine listens on serve.host; the host publishes it on
-        # publish_host only (loopback unless the inventory exposes it)
-        f"PublishPort={publish_host or layout.DEFAULT_PUBLISH_HOST}:{port}:{port}",
+        # inside the container the engine listens on serve.host; the host publishes it on loopback
+        # (where the gate and the rollback's proof reach it) and on publish_host only when the
+        # inventory exposes it there
+        *(f"PublishPort={address}:{port}:{port}" for address in _publish_addresses(publish_host)),
         "ShmSize=16g",
         *(f"Environment={k}={v}" for k, v in sorted((CONTAINER_CACHE_ENV | command.env | key_env).items())),
         # the key as a file only the engine's user can read; the launcher hands it over in-process

@@ -247,7 +247,9 @@ def podman_check(profile: Profile, options: Options) -> Check:
     if profile.engine.runtime != "container" or minimum is None:
         return Check("podman", Level.skip, f"runtime {profile.engine.runtime}", "no container engine needed")
     expected = f">= {minimum} (quadlet health checks)"
-    upgrade = f"use a distribution whose podman is {minimum}+ (Debian trixie, Ubuntu 24.04; bookworm ships 4.3)"
+    upgrade = (
+        f"use a distribution whose podman is {minimum}+ (Debian trixie ships 5.4; bookworm ships 4.3, Ubuntu 24.04 4.9)"
+    )
     try:
         done = subprocess.run([options.podman, "--version"], capture_output=True, text=True, timeout=60)
     except FileNotFoundError:

@@ -341,7 +341,9 @@ class HostSpec(_Strict):
     """What `specdeploy preflight` requires of a host. No compute capability: a CPU profile."""
 
     compute_capability_min: float | None = None
-    podman_min: str | None = Field(None, description="container profiles: quadlet health checks need 4.5")
+    podman_min: str | None = Field(
+        None, description="container profiles: the quadlet keys the engine unit uses (5.0; verified with 5.4.2)"
+    )
     disk: DiskSpec
 
 
@@ -351,8 +353,8 @@ class WeightsSpec(_Strict):
     keep_revisions: int = Field(
         2,
         ge=1,
-        description="revisions of each model kept on disk: those of the last N passing deploys, plus what is "
-        "served now; 2 keeps one rollback target (the Qwen3.6-27B target alone is 51.75 GiB)",
+        description="revisions of each model kept on disk: the N most recent distinct ones passing deploys served, "
+        "plus what is served now; 2 keeps one rollback target (the Qwen3.6-27B target alone is 51.75 GiB)",
     )
 
 

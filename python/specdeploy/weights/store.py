@@ -119,8 +119,9 @@ def files_of(directory: Path) -> list[str]:
     return found
 
 
-def hashes(directory: Path) -> dict[str, str]:
-    """sha256 of every file, reusing the fetch's record when size and mtime are unchanged."""
+def hashes(directory: Path, *, check: bool = False) -> dict[str, str]:
+    """sha256 of every file, reusing the fetch's record when size and mtime are unchanged
+    (the record is updated unless `check`: `ansible-playbook --check` writes nothing)."""
     directory = Path(directory)
     state = _load_state(directory)
     result: dict[str, str] = {}
@@ -133,7 +134,8 @@ def hashes(directory: Path) -> dict[str, str]:
         result[relative] = sha256_file(directory / relative)
         state[relative] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": result[relative]}
         state[relative]["revision"] = directory.name
-    _save_state(directory, state)
+    if not check:
+        _save_state(directory, state)
     return result
 
 
@@ -156,17 +158,22 @@ def _compare(expected: dict[str, str], found: dict[str, str]) -> list[str]:
     ]
 
 
-def verify(profile: Profile, role: str, ref: ModelRef, host: layout.HostLayout, lock: Lock) -> Verified:
+def verify(
+    profile: Profile, role: str, ref: ModelRef, host: layout.HostLayout, lock: Lock, *, check: bool = False
+) -> Verified:
     """Hash a revision directory and compare it with the archive's manifest (when it came in
-    one) and with the lock's record for this revision (recorded here at its first use)."""
+    one) and with the lock's record for this revision (recorded here at its first use, unless
+    `check`: then a revision not fetched yet is reported, not refused)."""
     rev = revision(profile, role, ref, host, lock)
     directory = revision_dir(host, ref.repo, rev)
+    if check and not directory.is_dir():
+        return Verified(role, ref.repo, rev, str(directory), 0, False, ["not fetched yet"])
     if not directory.is_dir():
         raise WeightsError(
             f"{ref.repo}@{rev}: {directory} does not exist",
             hint="run the weights stage (fetch from the hub, or unpack the archive) before serving",
         )
-    found = hashes(directory)
+    found = hashes(directory, check=check)
     entry = read_manifest(host.models).get(ref.repo)
     problems = _compare(entry["files"], found) if entry and entry.get("revision") == rev else []
     if problems:
@@ -184,8 +191,10 @@ def verify(profile: Profile, role: str, ref: ModelRef, host: layout.HostLayout, 
                 + "\n  ".join(problems[:10]),
                 hint="the same revision now has other bytes: do not serve it until explained",
             )
-    new = recorded is None and lock.record(
-        profile.name, lock_key(role, rev), found, by="weights serve", detail={"revision": rev}
+    new = (
+        recorded is None
+        and not check
+        and lock.record(profile.name, lock_key(role, rev), found, by="weights serve", detail={"revision": rev})
     )
     return Verified(role, ref.repo, rev, str(directory), len(found), bool(new))
 
@@ -238,7 +247,7 @@ def serve(
     check: bool = False,
 ) -> Served:
     """Verify the profile's revisions, then point `<serving>/target` (and `drafter-source`) at them."""
-    verified = [verify(profile, role, ref, host, lock) for role, ref in models_of(profile)]
+    verified = [verify(profile, role, ref, host, lock, check=check) for role, ref in models_of(profile)]
     links = {"target": host.target_serving, "drafter": host.drafter_source}
     changed = [str(links[v.role]) for v in verified if point(links[v.role], Path(v.directory), keeper, check=check)]
     return Served(verified, changed)
@@ -262,9 +271,11 @@ def served_now(host: layout.HostLayout) -> list[str]:
 
 
 def prune(host: layout.HostLayout, keep: int, *, check: bool = False) -> list[str]:
-    """Delete revision directories and drafter serving directories that neither the serving
-    links nor the last `keep` passing gate runs used. Only directories specdeploy verified
-    (they hold its bookkeeping) are candidates; anything else under the models dir stays."""
+    """Delete revision directories and drafter builds beyond the `keep` most recent distinct
+    ones of each model (and of the drafter builds) that passing gate runs served, never what
+    the serving links name now. A no-op re-run serves the same revision again, so it does not
+    push an older one out; what the last unpacked archive holds stays too. Only directories
+    specdeploy verified (they hold its bookkeeping) are candidates; anything else stays."""
     kept = linked(host)
     passing = []
     if host.runs.is_dir():
@@ -276,8 +287,17 @@ def prune(host: layout.HostLayout, keep: int, *, check: bool = False) -> list[st
                 continue
             if data.get("verdict") == "pass" and data.get("served"):
                 passing.append((data.get("finished_at") or "", data["served"]))
-    for _, served in sorted(passing, reverse=True)[:keep]:
-        kept.update(Path(p) for p in served)
+    recent: dict[Path, list[Path]] = {}  # a model's directory (or the builds dir) -> its newest distinct entries
+    for _, served in sorted(passing, key=lambda run: run[0], reverse=True):
+        for path in map(Path, served):
+            entries = recent.setdefault(path.parent, [])
+            if path not in entries and len(entries) < keep:
+                entries.append(path)
+    for entries in recent.values():
+        kept.update(entries)
+    # what the last weights archive delivered stays: the archive is unpacked again only when it
+    # changes, so a pruned revision of it would not come back (a hub revision is fetched again)
+    kept.update(revision_dir(host, repo, e["revision"]).resolve() for repo, e in read_manifest(host.models).items())
     removed = []
     candidates = [p.parent for p in host.models.glob(f"*/*/*/{STATE_DIR}")]
     builds = host.serving / layout.DRAFTER_BUILDS
