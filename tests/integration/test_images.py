@@ -114,6 +114,10 @@ def test_image_ensure_builds_loads_an_archive_and_hands_over_a_digest_reference(
     def ensure(*extra: Any) -> Any:
         return cli("image", "ensure", "--profile", path, "--lock", lock, "--podman", PODMAN, *extra)
 
+    # `ansible-playbook --check` (GPU-host blocker 11): says what it would do, builds nothing
+    would = json.loads(ensure("--source", "build", "--context", ROOT, "--check").stdout)
+    assert (would["action"], would["changed"]) == ("would build", True)
+    assert subprocess.run([*PODMAN.split(), "image", "exists", tag]).returncode != 0
     built = ensure("--source", "build", "--context", ROOT)
     assert built.exit_code == 0, built.stdout + built.stderr
     first = json.loads(built.stdout)
@@ -121,6 +125,8 @@ def test_image_ensure_builds_loads_an_archive_and_hands_over_a_digest_reference(
     assert first["reference"].startswith("localhost/specdeploy-test/small@sha256:")
     again = json.loads(ensure("--source", "build", "--context", ROOT).stdout)
     assert (again["action"], again["changed"], again["reference"]) == ("present", False, first["reference"])
+    checked = json.loads(ensure("--source", "build", "--context", ROOT, "--check").stdout)
+    assert (checked["action"], checked["reference"], checked["label_mismatches"]) == ("present", first["reference"], [])
 
     archive = tmp_path / "small.tar"
     subprocess.run([*PODMAN.split(), "save", "--output", str(archive), tag], check=True, capture_output=True)

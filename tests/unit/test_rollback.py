@@ -94,6 +94,19 @@ def test_a_run_that_never_ended_keeps_its_copies_until_it_is_recovered(tmp_path:
     Keeper(rollback_dir, "next").stage(serving).commit()
 
 
+def test_a_run_whose_gate_passed_is_never_restored_by_a_later_failure(tmp_path: Path) -> None:
+    """The play's rescue restores its run after any failure, even one after a passing gate (a
+    task after the gate, an error while pruning): a run closed as verified must stay deployed."""
+    serving = _serving(tmp_path, '{"old": true}')
+    staged = Keeper(tmp_path / "rollback", "passed").stage(serving)
+    (serving / "config.json").write_text('{"new": true}')
+    staged.commit()
+    assert close_run(tmp_path / "rollback", "passed", "verified")
+    calls: list[list[str]] = []
+    done = rollback.restore(tmp_path / "rollback", "passed", unit="specdeploy-engine", run=calls.append)
+    assert not done.anything and calls == [] and (serving / "config.json").read_text() == '{"new": true}'
+
+
 def test_a_first_deploy_that_fails_removes_its_unit_and_stops_the_engine(tmp_path: Path) -> None:
     keeper = Keeper(tmp_path / "rollback", "first")
     units.install(units.RenderedUnit("specdeploy-engine.service", "unit\n"), tmp_path, keeper)

@@ -51,6 +51,11 @@ def test_a_container_engine_is_published_on_loopback_unless_the_host_says_otherw
     exposed = cli("unit", "render", "--profile", "a6000-dflash", "--image", image, "--publish-host", "10.1.2.3")
     # exposed there too, and still on loopback, where the gate and the rollback's proof probe it
     assert "PublishPort=10.1.2.3:8000:8000" in exposed.stdout and "PublishPort=127.0.0.1:8000:8000" in exposed.stdout
+    # a wildcard covers loopback: a second bind of 127.0.0.1 would collide with it
+    everywhere = cli("unit", "render", "--profile", "a6000-dflash", "--image", image, "--publish-host", "0.0.0.0")
+    assert [line for line in everywhere.stdout.splitlines() if line.startswith("PublishPort=")] == [
+        "PublishPort=0.0.0.0:8000:8000"
+    ]
     facts = json.loads(cli("facts", "--profile", "a6000-dflash", "--publish-host", "10.1.2.3").stdout)
     assert facts["unit"]["publish_host"] == "10.1.2.3"
     assert json.loads(cli("facts", "--profile", "a6000-dflash").stdout)["unit"]["publish_host"] == "127.0.0.1"

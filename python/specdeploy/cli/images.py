@@ -71,7 +71,7 @@ def image_ensure(
         archive=archive,
         podman=podman,
         driver_version=driver,
-        check=check,
+        only_report=check,
     )
     bad = [r.__dict__ for r in ensured.labels if not r.ok]
     summary = {

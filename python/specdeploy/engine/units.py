@@ -78,8 +78,13 @@ CONTAINER_CACHE_ENV = {
 }
 
 
+WILDCARDS = ("0.0.0.0", "::", "[::]")
+
+
 def _publish_addresses(publish_host: str | None) -> list[str]:
     """Loopback always (the gate probes 127.0.0.1), plus the inventory's address when it is another."""
+    if publish_host in WILDCARDS:  # all addresses, loopback included: a second bind would collide
+        return [publish_host]
     addresses = [layout.DEFAULT_PUBLISH_HOST]
     if publish_host and publish_host != layout.DEFAULT_PUBLISH_HOST:
         addresses.append(publish_host)
@@ -94,7 +99,7 @@ def render_quadlet(
     profile_file: str | None = None,
     publish_host: str | None = None,
 ) -> RenderedUnit:
-    """A quadlet `.container` for a GPU profile (podman >= 4.5 for the health keys)."""
+    """A quadlet `.container` for a GPU profile (the profile's podman_min: 5.0)."""
     serve = profile.engine.serve
     # the models and serving directories are mounted at their host paths: the serving links are
     # relative (weights.store), so they resolve in the container exactly as on the host

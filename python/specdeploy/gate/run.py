@@ -313,8 +313,12 @@ def _gate(
         verdict = Verdict.failed
     if verdict is Verdict.passed:  # a pass is recorded together with the verified/ flip
         _mark_verified(report, host)
-        # only now may old revisions go: this run's and the last passing ones' stay
-        report.pruned = store.prune(host, profile.weights.keep_revisions)
+        # only now may old revisions go: this run's and the last passing ones' stay; a failure to
+        # prune is reported, and never turns the pass into a failure (or a rollback)
+        try:
+            report.pruned = store.prune(host, profile.weights.keep_revisions)
+        except (SpecdeployError, OSError) as exc:
+            report.pruned = [f"not pruned: {exc.message if isinstance(exc, SpecdeployError) else exc}"]
         report.write()
         return
     report.verdict = verdict

@@ -246,7 +246,7 @@ def podman_check(profile: Profile, options: Options) -> Check:
     minimum = profile.host.podman_min if profile.host else None
     if profile.engine.runtime != "container" or minimum is None:
         return Check("podman", Level.skip, f"runtime {profile.engine.runtime}", "no container engine needed")
-    expected = f">= {minimum} (quadlet health checks)"
+    expected = f">= {minimum} (the quadlet keys the engine unit uses)"
     upgrade = (
         f"use a distribution whose podman is {minimum}+ (Debian trixie ships 5.4; bookworm ships 4.3, Ubuntu 24.04 4.9)"
     )

@@ -109,7 +109,7 @@ def ensure(
     archive: Path | None = None,
     podman: str = "podman",
     driver_version: str | None = None,
-    check: bool = False,
+    only_report: bool = False,
 ) -> Ensured:
     """Make the profile's image present on this host — built from the Containerfile, pulled by
     the pinned digest, or loaded from an archive (air-gapped sites) — then prove its labels
@@ -118,7 +118,7 @@ def ensure(
         raise ImageError(f"profile {profile.name} runs no container image (runtime {profile.engine.runtime})")
     tag = image_tag(profile)
     action = "present"
-    if check:  # `ansible-playbook --check`: say what would happen, change nothing (no lock record)
+    if only_report:  # `ansible-playbook --check`: say what would happen, change nothing (no lock record)
         digest = build.local_digest(tag, podman)
         if digest is None:
             return Ensured(tag, f"{profile.engine.image.name}@(not yet {source})", f"would {source}", "", [])

@@ -66,7 +66,9 @@ def restore(
     """Put back everything run `run_id` replaced, then restart (or stop) the engine unit."""
     directory = Path(directory)
     record = load_run(directory)
-    if record is None or record.run_id != run_id or not record.entries or record.closed == "restored":
+    # a run that ended (its gate passed, or it was restored) is never restored (again): the play's
+    # rescue calls this after any failure, including one after a passing gate
+    if record is None or record.run_id != run_id or not record.entries or record.closed is not None:
         return Restored(run_id, [], [], "none", None)
     restored, removed = [], []
     for n, entry in enumerate(record.entries):
@@ -154,7 +156,7 @@ def restore_and_prove(
     engine's readiness."""
     restored = restore(host.rollback, run_id, unit=unit, run=run, unit_files=unit_files)
     if not restored.anything:
-        message = "this run replaced nothing (or was restored already): the stack in place is the one from before"
+        message = "nothing to restore: this run replaced nothing, or it ended (passed its gate or was restored already)"
         return Outcome(restored, None, None, None, None, message)
     if restored.unit_action in ("stopped", "none"):
         message = "there was no previous engine on this host: nothing of this run's is left running"
