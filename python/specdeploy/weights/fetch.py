@@ -29,6 +29,14 @@ STATE_DIR = ".specdeploy"
 STATE_FILE = "verified.json"
 
 
+def models_of(profile: Profile) -> list[tuple[str, ModelRef]]:
+    """(role, model) for the profile's target and, when it has one, its drafter."""
+    refs: list[tuple[str, ModelRef]] = [("target", profile.target)]
+    if profile.drafter is not None:
+        refs.append(("drafter", profile.drafter))
+    return refs
+
+
 def lock_key(role: str, revision: str) -> str:
     """The lock entry holding a revision's per-file sha256 (recorded at its first verified use)."""
     return f"{role}.files@{revision}"
@@ -227,9 +235,7 @@ def fetch(
     only: str | None = None,
 ) -> list[RepoResult]:
     """Fetch the profile's target and drafter (those that live on a hub) and verify them."""
-    refs: list[tuple[str, ModelRef]] = [("target", profile.target)]
-    if profile.drafter is not None:
-        refs.append(("drafter", profile.drafter))
+    refs = models_of(profile)
     if only:
         refs = [(role, ref) for role, ref in refs if role == only]
     missing = [

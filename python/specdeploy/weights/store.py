@@ -33,7 +33,7 @@ from specdeploy.core.errors import SpecdeployError, UnresolvedPinError, WriteErr
 from specdeploy.core.keeper import Keeper
 from specdeploy.profile import ModelRef, Profile
 from specdeploy.profile.lock import Lock
-from specdeploy.weights.fetch import STATE_DIR, _load_state, _save_state, lock_key, sha256_file
+from specdeploy.weights.fetch import STATE_DIR, _load_state, _save_state, lock_key, models_of, sha256_file
 
 # At the root of a weights archive: {"models": {"<org>/<name>": {"revision": ..., "files": {path: sha256}}}}
 MANIFEST = "specdeploy-archive.json"
@@ -44,13 +44,6 @@ DIR_MODE, FILE_MODE = 0o750, 0o640  # the engine's group reads, others nothing (
 
 class WeightsError(SpecdeployError):
     """Weights that are missing, do not match their manifest or lock, or cannot be linked."""
-
-
-def models_of(profile: Profile) -> list[tuple[str, ModelRef]]:
-    refs: list[tuple[str, ModelRef]] = [("target", profile.target)]
-    if profile.drafter is not None:
-        refs.append(("drafter", profile.drafter))
-    return refs
 
 
 def read_manifest(models: Path) -> dict[str, Any]:
