@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # System packages the tests need (Debian): podman + runc for image builds and disposable
 # test hosts, busybox-static and debootstrap for local base images, nix-bin to parse the
-# flake, git-lfs for the hub-mirror repositories of the fetch tests. Installs only what
-# is missing; needs root (CI and these machines run as root).
+# flake, git-lfs for the hub-mirror repositories of the fetch tests, python3 (with venv) for
+# scripts/setup.sh. Installs only what is missing; needs root (CI and these machines run as root).
+# tests/unit/test_programs.py checks every program the tests and scripts run is installed here
+# (or says where else it comes from).
 set -euo pipefail
 need=()
 command -v podman >/dev/null || need+=(podman)
@@ -15,6 +17,9 @@ command -v git >/dev/null || need+=(git)
 command -v git-lfs >/dev/null || need+=(git-lfs)
 command -v ssh >/dev/null || need+=(openssh-client)
 command -v flock >/dev/null || need+=(util-linux)
+# python3 builds the venv (scripts/setup.sh); `python3 -m venv` needs ensurepip: Debian's python3-venv.
+command -v python3 >/dev/null || need+=(python3)
+python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   echo "system-deps: installing ${need[*]}" >&2
   if [ "$(id -u)" -ne 0 ]; then
