@@ -4,7 +4,7 @@
 # one archive with its requirements.lock inside: Ansible copies it with one checksum on each
 # side, not a round trip per wheel.
 #
-#   wheelhouse.sh DIR [EXTRAS]                 the CLI:
+#   wheelhouse.sh DIR [EXTRAS]                 the CLI, for this Python and each of HOST_PYTHONS:
 #     DIR/deps.tar                               its dependency wheels + requirements.lock
 #     DIR/requirements.lock                      the same lock, to read without unpacking
 #     DIR/specdeploy-*.whl                       the CLI itself (rebuilt when the checkout changes)
@@ -12,6 +12,9 @@
 #     DIR/engines/PACKAGE-VERSION.tar            its wheels + requirements.lock (the engine role
 #                                                builds a venv of it beside the previous engine's)
 set -euo pipefail
+# The hosts' Pythons besides this one: Debian trixie's (the rehearsal host, a GPU host on trixie)
+# is 3.13, the controller's 3.11. One lock for all: the same versions, a wheel per Python.
+HOST_PYTHONS=(3.13)
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dest=${1:?usage: wheelhouse.sh DIR [EXTRAS] | wheelhouse.sh DIR --engine PACKAGE==VERSION}
 venv=$(bash "$root/scripts/setup.sh" | tail -n 1)
@@ -33,7 +36,13 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 wheels = Path(sys.argv[1])
 names = [p.name for p in wheels.glob("*.whl")] + [Path(p).name for p in sys.argv[2:]]
-pins = sorted(f"{name}=={version}" for name, version, _, _ in map(parse_wheel_filename, names))
+pins = sorted({f"{name}=={version}" for name, version, _, _ in map(parse_wheel_filename, names)})
+versions: dict[str, set[str]] = {}
+for pin in pins:
+    name, version = pin.split("==")
+    versions.setdefault(name, set()).add(version)
+if clash := {name: sorted(v) for name, v in versions.items() if len(v) > 1}:
+    sys.exit(f"wheelhouse.sh: the Pythons resolved different versions, one lock cannot hold them: {clash}")
 (wheels / "requirements.lock").write_text("\n".join(pins) + "\n")
 PY
 }
@@ -63,6 +72,9 @@ wheels="$dest/wheels"
 rm -rf "$wheels"
 mkdir -p "$wheels"
 download "$wheels" "$spec"
+for version in "${HOST_PYTHONS[@]}"; do
+  download "$wheels" --python-version "$version" "$spec"
+done
 rm -f "$dest"/specdeploy-*.whl
 "$venv/bin/pip" wheel --quiet --no-deps --no-build-isolation --wheel-dir "$dest" "$root" >&2
 lock "$wheels" "$dest"/specdeploy-*.whl

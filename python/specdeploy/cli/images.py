@@ -52,6 +52,9 @@ def image_ensure(
     source: Annotated[str, typer.Option(help="build (from the Containerfiles), pull (by digest) or archive")],
     context: Annotated[Path | None, typer.Option(help="build context holding the Containerfiles")] = None,
     archive: Annotated[Path | None, typer.Option(help="an image archive (podman save) for air-gapped hosts")] = None,
+    base_archive: Annotated[
+        Path | None, typer.Option(help="build: the base image as an archive, loaded when the host lacks it")
+    ] = None,
     lock: base.LockOpt = None,
     podman: base.PodmanOpt = "podman",
     driver: DriverOpt = None,
@@ -69,6 +72,7 @@ def image_ensure(
         lock=base.lock_at(lock),
         context=context,
         archive=archive,
+        base_archive=base_archive,
         podman=podman,
         driver_version=driver,
         only_report=check,

@@ -49,6 +49,9 @@ ENGINE_UID = 10001
 # The launcher every engine starts through (engine.launch): in the build context and in the image.
 LAUNCHER_IN_CONTEXT = "python/specdeploy/engine/launch.py"
 LAUNCHER_IN_IMAGE = "/opt/specdeploy/launch.py"
+# An image with `engine_wheels` (profile) reads the engine's wheel archive from the build context
+# here, bind-mounted for one RUN: the wheels never become a layer.
+ENGINE_WHEELS_IN_CONTEXT = "engine-wheels.tar"
 # Where a container reads a podman secret mounted as a file.
 SECRETS_IN_CONTAINER = "/run/secrets"
 # Where each runtime's unit lives: podman's quadlet generator reads .container files from

@@ -122,8 +122,9 @@ def render_quadlet(
         # the image's user, named here so the host directories' group access is what it gets
         f"User={layout.ENGINE_UID}",
         f"Group={layout.ENGINE_UID}",
-        # only the GPUs tensor parallelism uses (CDI names them by index), not every GPU of the host
-        *(f"AddDevice=nvidia.com/gpu={i}" for i in range(serve.tensor_parallel_size)),
+        # only the GPUs tensor parallelism uses (CDI names them by index), not every GPU of the host;
+        # none for a CPU profile (the rehearsal's container engine)
+        *(f"AddDevice=nvidia.com/gpu={i}" for i in range(serve.tensor_parallel_size) if profile.uses_gpus),
         # hardening: no privilege gain, no capabilities, a read-only root (podman puts tmpfs on
         # /tmp, /var/tmp and /run); the engine writes only to /cache and /dev/shm
         "NoNewPrivileges=true",
@@ -150,6 +151,11 @@ def render_quadlet(
         "HealthInterval=30s",
         "HealthRetries=3",
         "HealthStartPeriod=30m",
+        # while starting, probe every 2 s: a 27 s start is not rounded up to the next 30 s check
+        # (systemd sees READY through Notify=healthy); then the 30 s check above takes over
+        f"HealthStartupCmd={health}",
+        "HealthStartupInterval=2s",
+        "HealthStartupSuccess=1",
         "Notify=healthy",
         # an init as PID 1: the launcher's log redactor must outlive SGLang's kill of its process tree
         "RunInit=true",

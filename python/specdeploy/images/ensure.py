@@ -87,6 +87,22 @@ def check(image: str, profile: Profile, *, lock: Lock, podman: str = "podman") -
 # --------------------------------------------------------------------------- ensure (the images role)
 
 
+def load_base(profile: Profile, archive: Path, podman: str) -> None:
+    """Load the base image from an archive when the host lacks it (no registry to pull from:
+    air-gapped sites, the CPU rehearsal's local base); the build then pins it by its digest."""
+    assert profile.engine.image is not None
+    name = profile.engine.image.base.name
+    if build.local_digest(name, podman) is not None:
+        return
+    if not Path(archive).is_file():
+        raise ImageError(f"no base image archive at {archive}", hint=f"export it where {name} exists: podman save")
+    loaded = podman_run(podman, "load", "--input", str(archive))
+    if loaded.returncode != 0:
+        raise ImageError(f"podman load {archive} failed: {loaded.stderr.strip()[-300:]}")
+    if build.local_digest(name, podman) is None:
+        raise ImageError(f"{archive} does not hold {name}", hint=f"podman save -o FILE {name}")
+
+
 @dataclass
 class Ensured:
     tag: str
@@ -107,6 +123,7 @@ def ensure(
     lock: Lock,
     context: Path | None = None,
     archive: Path | None = None,
+    base_archive: Path | None = None,
     podman: str = "podman",
     driver_version: str | None = None,
     only_report: bool = False,
@@ -129,6 +146,8 @@ def ensure(
         if source == "build":
             if context is None:
                 raise ImageError("images source 'build' needs the build context (the Containerfiles)")
+            if base_archive is not None:
+                load_base(profile, base_archive, podman)
             build.build(profile, lock=lock, context=context, podman=podman, driver_version=driver_version)
             action = "built"
         elif source == "pull":

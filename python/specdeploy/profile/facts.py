@@ -32,9 +32,11 @@ def deploy_facts(
     # the revisions themselves are resolved on the host (`weights serve`): the roles name the links
     paths = host.to_json() | {
         "image_archive": str(host.state / "image.tar"),
+        "base_image_archive": str(host.state / "base-image.tar"),
         "weights_archive": str(host.state / "weights.tar"),
     }
-    engine_name = profile.engine.venv_name()
+    engine_name = profile.engine.archive_name()
+    venv = profile.engine.runtime == "venv"
     engine = (
         {
             "name": engine_name,
@@ -42,9 +44,10 @@ def deploy_facts(
             "archive": str(install.engines / f"{engine_name}.tar"),
             "root": str(install.engines),
         }
-        if engine_name
+        if engine_name and venv
         else None
     )
+    image = profile.engine.image
     return {
         "profile": {
             "name": profile.name,
@@ -52,6 +55,8 @@ def deploy_facts(
             "engine": profile.engine.kind,
             "runtime": profile.engine.runtime,
             "container": profile.engine.runtime == "container",
+            # no GPU: no nvidia-smi, CDI or GPU device (the CPU rehearsal's container profile)
+            "gpu": profile.uses_gpus,
             "tensor_parallel_size": profile.engine.serve.tensor_parallel_size,
             "port": profile.engine.serve.port,
             "speculative_method": profile.engine.speculative.method,
@@ -63,16 +68,18 @@ def deploy_facts(
         "install": installed,
         # venv runtime: the engine's own archive and venv root (None for container profiles)
         "engine": engine,
-        # container runtime: every file `podman build` reads from the context (None for venv)
+        # container runtime: every file `podman build` reads from the checkout (None for venv), and
+        # the engine's wheel archive from the wheelhouse when the image installs it from there
         "image": (
             {
-                "context_files": [
-                    profile.engine.image.containerfile,
-                    layout.GUARDS_IN_CONTEXT,
-                    layout.LAUNCHER_IN_CONTEXT,
-                ]
+                "context_files": [image.containerfile, layout.GUARDS_IN_CONTEXT, layout.LAUNCHER_IN_CONTEXT],
+                "engine_wheels": (
+                    {"archive": f"{engine_name}.tar", "in_context": layout.ENGINE_WHEELS_IN_CONTEXT}
+                    if image.engine_wheels
+                    else None
+                ),
             }
-            if profile.engine.image
+            if image
             else None
         ),
         "paths": paths,

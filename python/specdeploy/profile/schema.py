@@ -150,6 +150,12 @@ class ImageSpec(_Strict):
     base: BaseImage
     digest: DigestPin
     build_args: dict[str, str] = Field(default_factory=dict)
+    engine_wheels: bool = Field(
+        False,
+        description="install the engine from the controller's wheelhouse (engines/<package>-<version>.tar, "
+        "bind-mounted into the build as engine-wheels.tar), not from the base image or an index: "
+        "sites without a package index, and the CPU rehearsal",
+    )
 
 
 class SecretRef(_Strict):
@@ -226,13 +232,15 @@ class EngineSpec(_Strict):
         return next((bad for bad in self.known_bad if bad.matches(version=version, commit=commit)), None)
 
     def requirement(self) -> str | None:
-        """`<package>==<version>`: what a venv-runtime engine installs (None for container profiles)."""
-        if self.runtime != "venv" or not self.source.package or not self.source.version.resolved:
+        """`<package>==<version>`: what the engine installs from the controller's wheelhouse — a
+        venv-runtime engine, or an image with `engine_wheels` (None otherwise)."""
+        from_wheels = self.runtime == "venv" or (self.image is not None and self.image.engine_wheels)
+        if not from_wheels or not self.source.package or not self.source.version.resolved:
             return None
         return f"{self.source.package}=={self.source.version.value}"
 
-    def venv_name(self) -> str | None:
-        """`<package>-<version>`: the engine archive's and venv's name (venv runtime only)."""
+    def archive_name(self) -> str | None:
+        """`<package>-<version>`: the engine's wheel archive (and, venv runtime, its venv) name."""
         requirement = self.requirement()
         return requirement.replace("==", "-") if requirement else None
 
@@ -398,6 +406,12 @@ class Profile(_Strict):
                 "upper edge is what catches token loops, so it must sit below that ceiling"
             )
         return self
+
+    @property
+    def uses_gpus(self) -> bool:
+        """A GPU profile (its host section names a compute capability); a CPU profile runs
+        no nvidia-smi, no CDI and no GPU device in its container (the CPU rehearsal)."""
+        return self.host is not None and self.host.compute_capability_min is not None
 
     def drafter_expected(self, field: str) -> Any:
         """The resolved expected value of a drafter config field, or None."""

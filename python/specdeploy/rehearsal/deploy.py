@@ -1,10 +1,18 @@
-"""The main job: `ansible-playbook deploy.yml -l rehearsal` against a disposable systemd host.
+"""The main job: `ansible-playbook deploy.yml -l rehearsal` against a disposable systemd host,
+on the production path (profile cpu-rehearsal-container).
 
 Everything the play needs from the controller is prepared here and cached: a wheelhouse
-(the hosts install exactly it, offline), the fixture weights as an archive directory, and
-the host itself (booted when missing, reused when running). The play's own gate decides;
-this run's report (`<state>/runs/<run-id>/gate.json`, the run id chosen here and handed to
-the play) is read back from the host — never an earlier run's.
+(the host installs exactly it, offline, for its own Python), the engine image's local base as
+an archive, the hub (olah behind a token-checking proxy, a test host of its own on the test
+network, serving the fixture models as git repos), the host's secrets (a hub token and an API
+key, in a root-only vars file, never in argv) and the host itself (booted when missing, reused
+when running). On the host the play builds the engine image, fetches the weights from the hub
+with the token, runs the engine under quadlet with the key, and gates it. The play's own gate
+decides; this run's report (`<state>/runs/<run-id>/gate.json`, the run id chosen here and
+handed to the play) is read back from the host — never an earlier run's.
+
+The fixture models are generated on this machine, so their hub commits cannot be pinned in the
+committed profile: the deployed copy of it (under the cache) pins the commits the hub serves.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -24,12 +33,15 @@ from specdeploy.core import layout
 from specdeploy.core.cache import cache_dir
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.gate.run import REPORT, new_run_id
-from specdeploy.profile import load_profile
-from specdeploy.rehearsal import archive, hosts
+from specdeploy.profile import Profile, load_profile
+from specdeploy.rehearsal import archive, hosts, variants
+from specdeploy.weights.fetch import models_of
 
 ROOT = Path(__file__).resolve().parents[3]
 HOST_NAME = "specdeploy-rehearsal"
 HOST_SSH_PORT = 2320
+PROFILE = "cpu-rehearsal-container"
+HOST_IP = "10.89.64.20"  # on the hub's test network (specdeploy.rehearsal.hub)
 # Reproducible wheel bytes: an unchanged checkout gives an identical specdeploy wheel, so a
 # re-run copies nothing and reinstalls nothing on the host.
 SOURCE_DATE_EPOCH = "315532800"
@@ -46,8 +58,8 @@ def checkout() -> Path:
 
 def wheelhouse(*profiles: str) -> Path:
     """The controller-built wheelhouse for rehearsal hosts, keyed by the pins, with the engine
-    archive of every venv-runtime profile named (default: cpu-rehearsal); the specdeploy wheel
-    in it is rebuilt from the checkout each time (byte-identical when unchanged)."""
+    archive of every profile named that installs its engine from wheels (default: cpu-rehearsal);
+    the specdeploy wheel in it is rebuilt from the checkout each time (byte-identical when unchanged)."""
     root = checkout()
     inputs = (root / "pyproject.toml").read_bytes() + (root / "scripts" / "wheelhouse.sh").read_bytes()
     dest = cache_dir() / f"wheelhouse-{hashlib.sha256(inputs).hexdigest()[:12]}"
@@ -56,7 +68,7 @@ def wheelhouse(*profiles: str) -> Path:
     for name in profiles or ("cpu-rehearsal",):
         engine = load_profile(name).engine
         spec = engine.requirement()
-        if spec and not (dest / "engines" / f"{engine.venv_name()}.tar").is_file():
+        if spec and not (dest / "engines" / f"{engine.archive_name()}.tar").is_file():
             print(f"wheelhouse: downloading the engine {spec} (once)", file=sys.stderr)
             subprocess.run([*script, "--engine", spec], check=True, env=env, stdout=subprocess.DEVNULL)
     if not (dest / ".complete").exists():
@@ -84,14 +96,53 @@ def weights() -> Path:
 
 
 def host() -> hosts.Host:
-    """The disposable rehearsal host: reused when it runs and answers SSH, booted otherwise."""
+    """The disposable rehearsal host (Debian trixie, podman 5, on the hub's test network):
+    reused when it runs from the current image and answers SSH, booted otherwise."""
+    from specdeploy.rehearsal import hub
+
     state = cache_dir() / "rehearsal-host"
     state.mkdir(parents=True, exist_ok=True)
-    found = hosts.running(HOST_NAME, HOST_SSH_PORT, state / f"{HOST_NAME}_ed25519")
+    image = hosts.host_image()
+    found = hosts.running(HOST_NAME, HOST_SSH_PORT, state / f"{HOST_NAME}_ed25519", image)
     if found is not None:
         return found
     print(f"booting the disposable rehearsal host {HOST_NAME} (ssh on 127.0.0.1:{HOST_SSH_PORT})", file=sys.stderr)
-    return hosts.start(HOST_NAME, HOST_SSH_PORT, state, image=hosts.rehearsal_host_image())
+    hub.ensure_network()
+    return hosts.start(
+        HOST_NAME, HOST_SSH_PORT, state, image=image, containers=True, network=hosts.Network(hub.NETWORK, HOST_IP)
+    )
+
+
+def secrets_file(directory: Path, *, token: str | None = None, api_key: str | None = None) -> Path:
+    """The play's secrets as a vars file only its owner reads (`-e @FILE`): the hub token and the
+    engine's API key, generated once per directory and kept (a re-run must not rotate them)."""
+    path = directory / "secrets.json"
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    values = {
+        "weights_hf_token": token or known.get("weights_hf_token") or f"hf_{secrets.token_hex(17)}",
+        "engine_api_key": api_key or known.get("engine_api_key") or f"sk-{secrets.token_hex(24)}",
+    }
+    if values != known:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_suffix(".partial"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(values, fh)
+        os.replace(path.with_suffix(".partial"), path)
+    return path
+
+
+def pinned_profile(profile: Profile, commits: dict[str, str], directory: Path) -> Path:
+    """`profile` with its models pinned at the hub's commits, written to `directory/<name>.yaml`
+    (the profiles directory the play deploys from): fixtures have no commit before the hub does."""
+
+    def pin(repo: str) -> dict[str, str]:
+        return {"value": commits[repo], "provenance": "rehearsal", "source": "the fixture repo's commit on the hub"}
+
+    patch: dict[str, object] = {"target": {"revision": pin(profile.target.repo)}}
+    if profile.drafter is not None:
+        patch["drafter"] = {"revision": pin(profile.drafter.repo)}
+    pinned = variants.derive(profile, profile.name, patch)
+    return variants.materialize(pinned, directory)
 
 
 def playbook_argv(
@@ -99,7 +150,7 @@ def playbook_argv(
     inventory: Path,
     *,
     wheels: Path,
-    archive: Path,
+    archive: Path | None,
     run_id: str,
     profile: str = "cpu-rehearsal",
     profiles: Path | None = None,
@@ -108,14 +159,16 @@ def playbook_argv(
 ) -> list[str]:
     """The play's command line; secrets (an API key) go in `vars_file` (mode 0600), never in argv."""
     inventory.write_text(f"[rehearsal]\n{target.inventory_line()}\n")
-    variables = {
-        "specdeploy_profile": profile,
-        "specdeploy_profiles_src": str(profiles or checkout() / "profiles"),
-        "specdeploy_wheelhouse_src": str(wheels),
-        "specdeploy_run_id": run_id,
-        "weights_source": "archive",
-        "weights_archive_src": str(archive),
-    } | (extra_vars or {})
+    variables = (
+        {
+            "specdeploy_profile": profile,
+            "specdeploy_profiles_src": str(profiles or checkout() / "profiles"),
+            "specdeploy_wheelhouse_src": str(wheels),
+            "specdeploy_run_id": run_id,
+        }
+        | ({"weights_source": "archive", "weights_archive_src": str(archive)} if archive else {})
+        | (extra_vars or {})
+    )
     argv = [
         str(Path(sys.executable).parent / "ansible-playbook"),
         "deploy.yml",
@@ -151,13 +204,38 @@ class MainJob:
 
 
 def main_job(*, remove_host: bool = False) -> MainJob:
-    """Deploy `cpu-rehearsal` to the disposable host (booted when missing) and read this run's gate report."""
-    wheels, weights_dir, target = wheelhouse(), weights(), host()
-    inventory = cache_dir() / "rehearsal-host" / "inventory.ini"
-    run_id = new_run_id()
-    argv = playbook_argv(target, inventory, wheels=wheels, archive=weights_dir, run_id=run_id)
-    print(f"ansible-playbook deploy.yml -l rehearsal (inventory {inventory}, run {run_id})", file=sys.stderr)
-    played = run_playbook(argv, capture=False)
+    """Deploy cpu-rehearsal-container to the disposable host (booted when missing) with its weights
+    from the gated hub, and read this run's gate report."""
+    from specdeploy.rehearsal import engine_image, hub
+
+    profile = load_profile(PROFILE)
+    wheels, target = wheelhouse(PROFILE), host()
+    state = cache_dir() / "rehearsal-host"
+    secrets_path = secrets_file(state)
+    token = json.loads(secrets_path.read_text())["weights_hf_token"]
+    base_archive = engine_image.base_archive(profile)
+    gated = [model.repo for _, model in models_of(profile) if model.gated]
+    with hub.hub(token=token, gated=gated) as served:
+        profiles = pinned_profile(profile, served.commits, state / "profiles").parent
+        run_id = new_run_id()
+        argv = playbook_argv(
+            target,
+            state / "inventory.ini",
+            wheels=wheels,
+            archive=None,
+            run_id=run_id,
+            profile=PROFILE,
+            profiles=profiles,
+            extra_vars={
+                "weights_source": "hub",
+                "weights_hf_endpoint": served.endpoint_in_network,
+                "images_source": "build",
+                "images_base_archive_src": str(base_archive),
+            },
+            vars_file=secrets_path,
+        )
+        print(f"ansible-playbook deploy.yml -l rehearsal (profile {PROFILE}, run {run_id})", file=sys.stderr)
+        played = run_playbook(argv, capture=False)
     report = gate_report(target, run_id)
     if remove_host:
         hosts.stop(target.name)

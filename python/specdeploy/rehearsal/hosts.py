@@ -54,9 +54,14 @@ def debootstrap_image(suite: str, packages: tuple[str, ...], name: str) -> str:
     return image
 
 
+# Debian trixie: podman 5.4.2 (quadlet with health keys) and Python 3.13, as a GPU host on trixie.
+# dbus: crun's systemd cgroup manager needs sd-bus (without it conmon leaves the unit's cgroup and
+# a Notify=healthy unit never gets READY); nftables: netavark needs `nft`; python3-apt: Ansible's
+# apt module (the container runtime stage makes sure podman and catatonit are installed: the
+# test hosts have no apt index to install from, so the image carries what the stage checks).
 HOST_PACKAGES = (
     "systemd", "systemd-sysv", "openssh-server", "python3", "python3-venv", "sudo", "podman",
-    "ca-certificates", "iproute2",
+    "ca-certificates", "iproute2", "dbus", "nftables", "python3-apt", "catatonit",
 )  # fmt: skip
 
 
@@ -97,22 +102,66 @@ class Host:
         )
 
 
-def start(name: str, ssh_port: int, workdir: Path, ports: tuple[int, ...] = (), image: str | None = None) -> Host:
-    """Boot host `name` (replacing one of that name) and wait until systemd and sshd answer."""
+# A host that runs containers itself (nested podman, seen with trixie's podman 5.4.2 inside this
+# machine's podman 4.3.1, on a cgroup v1 controller — which podman 5 marks deprecated): privileged;
+# its container storage on a volume (overlay on overlayfs is refused); the nested default network
+# off the outer one's 10.88.0.0/16 (or a published port refuses connections); podman's default
+# limits cut to what this sandbox permits. Test-host setup only: a GPU host needs none of it.
+NESTED_PODMAN_CONF = """\
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=4096:4096"]
+
+[network]
+default_subnet = "10.90.0.0/24"
+"""
+NESTED_PODMAN_CONF_PATH = "/etc/containers/containers.conf.d/90-specdeploy-test-host.conf"
+
+
+@dataclass(frozen=True)
+class Network:
+    """A test network shared with another test host (the hub): its name and this host's address."""
+
+    name: str
+    ip: str
+
+
+def start(
+    name: str,
+    ssh_port: int,
+    workdir: Path,
+    ports: tuple[int, ...] = (),
+    image: str | None = None,
+    *,
+    containers: bool = False,
+    network: Network | None = None,
+) -> Host:
+    """Boot host `name` (replacing one of that name) and wait until systemd and sshd answer.
+    `containers`: a host that runs podman itself (the container rehearsal); `network`: also on
+    that test network, at that address."""
     key = workdir / f"{name}_ed25519"
     key.unlink(missing_ok=True)
     key.with_suffix(".pub").unlink(missing_ok=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     publish = ["-p", f"127.0.0.1:{ssh_port}:22"] + [a for p in ports for a in ("-p", f"127.0.0.1:{p}:{p}")]
-    subprocess.run([*PODMAN.split(), "rm", "-f", name], capture_output=True)
+    stop(name)
+    nested = ["--privileged", "-v", f"{storage_volume(name)}:/var/lib/containers"] if containers else []
+    attach = ["--network", network.name, "--ip", network.ip] if network else []
     subprocess.run(
         # vLLM's CPU engine allocates its shared-memory rings in /dev/shm (64 MiB by default).
         [*PODMAN.split(), "run", "-d", "--name", name, "--hostname", name, "--systemd=always", "--shm-size", "2g",
-         *RUN_FLAGS, *publish,
+         *RUN_FLAGS, *publish, *nested, *attach,
          image or host_image(), "/sbin/init"],
         check=True, capture_output=True,
     )  # fmt: skip
     try:
+        if containers:
+            conf = subprocess.run(
+                ["podman", "exec", "-i", name, "sh", "-c",
+                 f"mkdir -p {Path(NESTED_PODMAN_CONF_PATH).parent} && cat > {NESTED_PODMAN_CONF_PATH}"],
+                input=NESTED_PODMAN_CONF, text=True, capture_output=True,
+            )  # fmt: skip
+            if conf.returncode != 0:
+                raise RuntimeError(f"{name}: cannot write {NESTED_PODMAN_CONF_PATH}: {conf.stderr}")
         subprocess.run(["podman", "exec", name, "mkdir", "-p", "-m", "700", "/root/.ssh"], check=True)
         subprocess.run(["podman", "cp", f"{key}.pub", f"{name}:/root/.ssh/authorized_keys"], check=True)
         subprocess.run(["podman", "exec", name, "chown", "root:root", "/root/.ssh/authorized_keys"], check=True)
@@ -128,16 +177,23 @@ def start(name: str, ssh_port: int, workdir: Path, ports: tuple[int, ...] = (), 
     return host
 
 
+def storage_volume(name: str) -> str:
+    """The volume holding a container host's own container storage (removed with the host)."""
+    return f"{name}-containers"
+
+
 def stop(name: str) -> None:
     subprocess.run([*PODMAN.split(), "rm", "-f", name], capture_output=True)
+    subprocess.run([*PODMAN.split(), "volume", "rm", "-f", storage_volume(name)], capture_output=True)
 
 
-def running(name: str, ssh_port: int, key: Path) -> Host | None:
-    """The host `name` if its container runs and answers SSH with `key`."""
+def running(name: str, ssh_port: int, key: Path, image: str | None = None) -> Host | None:
+    """The host `name` if its container runs (from `image`, when given) and answers SSH with `key`."""
     state = subprocess.run(
-        ["podman", "inspect", "--format", "{{.State.Running}}", name], capture_output=True, text=True
+        ["podman", "inspect", "--format", "{{.State.Running}} {{.ImageName}}", name], capture_output=True, text=True
     )
-    if state.stdout.strip() != "true" or not key.is_file():
+    fields = state.stdout.split()
+    if fields[:1] != ["true"] or (image is not None and fields[1:] != [image]) or not key.is_file():
         return None
     host = Host(name, ssh_port, key)
     return host if host.ssh("true", check=False).returncode == 0 else None

@@ -1,0 +1,292 @@
+"""The rehearsal on the production path, end to end: `ansible-playbook deploy.yml -l rehearsal`
+with profile cpu-rehearsal-container over real SSH to a disposable Debian trixie host running
+podman 5.4.2 itself (nested in this machine's podman). On the host the play installs the CLI
+for the host's Python 3.13, builds the CPU vLLM image from exactly the build context the images
+role ships (its guard stage run by build_guards), fetches the weights from the gated hub — olah
+behind a token-checking proxy, a test host of its own on the test network — with a canary token
+on standard input, installs a canary API key as a podman secret, runs the engine under quadlet
+(health check, Restart=always, hardening, serving directory mounted at its host path) and gates
+it with the key.
+
+Then, on the same host and in file order (each test starts from what the previous one left;
+a deploy on vLLM-CPU takes minutes): a re-run changes nothing; the three failure paths — a gate
+that fails, an engine container that cannot start, a run interrupted after it replaced the
+engine — each end with the previous stack restored and proven to serve; and every command line
+Ansible ran on the host and the controller, the -vvv logs, the journal, the files others can
+read, the unit files, the image history and the process list hold neither canary, while the
+same search finds a canary leaked on purpose.
+
+What still needs a GPU host (CUDA images, CDI, the NVIDIA runtime): README "What is verified where".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from tests.support import canary
+
+from specdeploy.core import layout
+from specdeploy.gate.run import new_run_id
+from specdeploy.images import build as images
+from specdeploy.profile import load_profile
+from specdeploy.rehearsal import deploy, engine_image, hosts, hub, variants
+
+pytestmark = [pytest.mark.testhost, pytest.mark.vllm, pytest.mark.podman, pytest.mark.hub]
+HOST_NAME, SSH_PORT, HOST_IP = "specdeploy-container-host", 2340, "10.89.64.30"
+PROFILE = deploy.PROFILE
+TOKEN = canary.new_canary("hf_CANARYtoken")
+API_KEY = canary.new_canary("sk-CANARYkey")
+DEFAULT = layout.HostLayout()
+UNIT = layout.UNIT_FILES["container"]
+CLI = layout.InstallLayout().to_json()["cli"]
+
+
+@dataclass
+class Rig:
+    """The shared host, the hub, and everything a play needs from the controller."""
+
+    host: hosts.Host
+    served: hub.Hub
+    wheels: Path
+    base_archive: Path
+    profiles: Path  # the profile pinned at the hub's commits
+    secrets: Path
+    logs: Path  # every play's -vvv output and the controller's ssh argv log
+    ssh: Path
+    recording: str  # the host's argv logger, as inventory variables
+    plays: int = 0
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    work = tmp_path_factory.mktemp("container")
+    profile = load_profile(PROFILE)
+    wheels, base_archive = deploy.wheelhouse(PROFILE), engine_image.base_archive(profile)
+    secrets = deploy.secrets_file(work / "secrets", token=TOKEN, api_key=API_KEY)
+    gated = [profile.drafter.repo] if profile.drafter else []
+    with hub.hub(token=TOKEN, gated=gated) as served:
+        hub.ensure_network()
+        host = hosts.start(
+            HOST_NAME,
+            SSH_PORT,
+            work,
+            image=hosts.host_image(),
+            containers=True,
+            network=hosts.Network(hub.NETWORK, HOST_IP),
+        )
+        try:
+            logs = work / "logs"
+            logs.mkdir()
+            yield Rig(
+                host=host,
+                served=served,
+                wheels=wheels,
+                base_archive=base_archive,
+                profiles=deploy.pinned_profile(profile, served.commits, work / "profiles").parent,
+                secrets=secrets,
+                logs=logs,
+                ssh=canary.ssh_wrapper(logs),
+                recording=canary.install_argv_logger(host),
+            )
+        finally:
+            hosts.stop(HOST_NAME)
+
+
+def _play(rig: Rig, *, profiles: Path | None = None) -> tuple[subprocess.CompletedProcess[str], dict | None]:
+    """One play (-vvv, kept for the canary search), and its own gate report from the host."""
+    run_id = new_run_id()
+    recording = dict(item.split("=", 1) for item in rig.recording.split())
+    argv = deploy.playbook_argv(
+        rig.host,
+        rig.logs.parent / "hosts.ini",
+        wheels=rig.wheels,
+        archive=None,
+        run_id=run_id,
+        profile=PROFILE,
+        profiles=profiles or rig.profiles,
+        extra_vars={
+            "weights_source": "hub",
+            "weights_hf_endpoint": rig.served.endpoint_in_network,
+            "images_source": "build",
+            "images_base_archive_src": str(rig.base_archive),
+            "ansible_ssh_executable": str(rig.ssh),
+            **recording,
+        },
+        vars_file=rig.secrets,
+    )
+    run = deploy.run_playbook([*argv, "-vvv"], capture=True)
+    rig.plays += 1
+    (rig.logs / f"play-{rig.plays}-vvv.log").write_text(run.stdout + run.stderr)
+    return run, deploy.gate_report(rig.host, run_id)
+
+
+def _variant(rig: Rig, tmp_path: Path, patch: dict) -> Path:
+    """The pinned profile with `patch` applied, under the same name (what a site's edit looks like)."""
+    pinned = load_profile(rig.profiles / f"{PROFILE}.yaml")
+    return variants.materialize(variants.derive(pinned, PROFILE, patch), tmp_path / "profiles").parent
+
+
+def _status(rig: Rig, path: str, *, key: str | None) -> int:
+    """HTTP status of GET `path` on the engine, from the host (its port is published on loopback
+    only); the key travels on the ssh session's standard input, never on a command line."""
+    probe = (
+        "import sys, urllib.request, urllib.error\n"
+        "key = sys.stdin.readline().strip()\n"
+        f"request = urllib.request.Request('http://127.0.0.1:8100{path}')\n"
+        "if key: request.add_header('Authorization', 'Bearer ' + key)\n"
+        "try: print(urllib.request.urlopen(request, timeout=10).status)\n"
+        "except urllib.error.HTTPError as exc: print(exc.code)\n"
+    )
+    done = canary._ssh_stdin(rig.host, f"python3 -c {json.dumps(probe)}", (key or "") + "\n")
+    return int(done.stdout.strip())
+
+
+def _changed_tasks(output: str) -> list[str]:
+    changed, task = [], ""
+    for line in output.splitlines():
+        if line.startswith(("TASK [", "RUNNING HANDLER [")):
+            task = line.split("[", 1)[1].rsplit("]", 1)[0]
+        elif line.startswith("changed: ["):
+            changed.append(task)
+    return changed
+
+
+def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_rerun_changes_nothing(
+    rig: Rig,
+) -> None:
+    run, report = _play(rig)
+    assert run.returncode == 0, run.stdout[-5000:]
+    assert report is not None and report["verdict"] == "pass" and report["smoke"]["verdict"] == "pass", report
+    host = rig.host
+    # the image was built on the host from the context the role shipped, its guard passing
+    assert "specdeploy build guard: vllm release checks passed" in run.stdout
+    assert '"action": "built"' in run.stdout
+    # weights from the hub at its commits, per revision, served through relative links
+    for repo, commit in rig.served.commits.items():
+        assert host.ssh(f"test -d {DEFAULT.download(repo)}/{commit} && echo ok").stdout.strip() == "ok", repo
+    assert (
+        host.ssh(f"readlink -f {DEFAULT.target_serving}")
+        .stdout.strip()
+        .endswith(rig.served.commits["specdeploy-fixtures/tiny-qwen3"])
+    )
+    # the quadlet: no GPU device on a CPU profile, the startup health check, the key as a secret
+    unit = host.ssh(f"cat {UNIT}").stdout
+    assert "AddDevice=" not in unit and "HealthStartupInterval=2s" in unit and "Notify=healthy" in unit
+    assert "Secret=specdeploy_api_key,type=mount" in unit and "Restart=always" in unit
+    inspected = json.loads(host.ssh(f"podman inspect {layout.UNIT_NAME}").stdout)[0]
+    assert inspected["Config"]["User"] == f"{layout.ENGINE_UID}:{layout.ENGINE_UID}"
+    assert inspected["State"]["Health"]["Status"] == "healthy"
+    # the API key guards the API: 401 without it, 200 with it
+    assert _status(rig, "/v1/models", key=None) == 401
+    assert _status(rig, "/v1/models", key=API_KEY) == 200
+
+    again, second = _play(rig)
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert second is not None and second["verdict"] == "pass"
+    assert _changed_tasks(again.stdout) == []
+
+
+def test_a_failed_gate_restores_the_previous_container_stack_which_serves(rig: Rig, tmp_path: Path) -> None:
+    """A stack that starts and answers but fails the gate (here: an acceptance floor it cannot
+    reach, as a corrupted drafter would) is replaced by the previous one, proven to serve."""
+    unit_before = rig.host.ssh(f"cat {UNIT}").stdout
+    profiles = _variant(rig, tmp_path, {"smoke": {"acceptance_length": {"min": 3.85}}})
+    run, report = _play(rig, profiles=profiles)
+    assert run.returncode != 0 and "the gate did not pass" in run.stdout, run.stdout[-4000:]
+    assert report is not None and report["verdict"] == "fail", report
+    assert report["rollback"]["previous_stack_serves"] is True, report["rollback"]
+    assert rig.host.ssh(f"cat {UNIT}").stdout == unit_before
+    assert _status(rig, "/v1/models", key=API_KEY) == 200
+
+
+def test_an_engine_container_that_cannot_start_is_rolled_back_at_once(rig: Rig, tmp_path: Path) -> None:
+    """A new image or flag the engine dies on (here an unknown serve flag): the container exits,
+    systemd restarts it in a loop; the gate reads the crash loop from the unit and rolls back."""
+    unit_before = rig.host.ssh(f"cat {UNIT}").stdout
+    profiles = _variant(rig, tmp_path, {"engine": {"serve": {"extra_args": ["--no-such-flag"]}}})
+    run, report = _play(rig, profiles=profiles)
+    assert run.returncode != 0 and "the gate did not pass" in run.stdout, run.stdout[-4000:]
+    assert report is not None and report["verdict"] == "error", report
+    assert "the engine stopped before it was ready" in report["smoke"]["stages"][0]["summary"], report["smoke"]
+    assert report["rollback"]["previous_stack_serves"] is True, report["rollback"]
+    assert rig.host.ssh(f"cat {UNIT}").stdout == unit_before
+    assert _status(rig, "/v1/models", key=API_KEY) == 200
+
+
+def test_an_interrupted_run_is_restored_and_proven_before_the_next_run_replaces_anything(rig: Rig) -> None:
+    """A run that replaced the engine unit and died before its gate (the controller lost): the
+    ungated engine serves until the next play, whose first act restores the last good unit and
+    proves it serves; that play then passes its own gate."""
+    host = rig.host
+    unit_before = host.ssh(f"cat {UNIT}").stdout
+    image = re.search(r"^Image=(\S+)$", unit_before, re.M)
+    assert image is not None
+    profiles = layout.InstallLayout().to_json()["profiles"]
+    host.ssh(
+        f"mkdir -p /tmp/interrupted && sed 's/max_model_len: 512/max_model_len: 384/' "
+        f"{profiles}/{PROFILE}.yaml > /tmp/interrupted/{PROFILE}.yaml && "
+        f"{CLI} unit install {UNIT.parent} --profile /tmp/interrupted/{PROFILE}.yaml "
+        f"--state-dir {DEFAULT.state} --rollback-dir {DEFAULT.rollback} --run-id interrupted-1 "
+        f"--image {image.group(1)} && systemctl daemon-reload && systemctl restart {layout.UNIT_NAME}"
+    )
+    assert "--max-model-len 384" in host.ssh(f"cat {UNIT}").stdout  # the ungated engine runs
+
+    run, report = _play(rig)
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "specdeploy : Recover an interrupted earlier run (restore and prove the previous stack)" in (
+        _changed_tasks(run.stdout)
+    )
+    assert report is not None and report["verdict"] == "pass"
+    assert host.ssh(f"cat {UNIT}").stdout == unit_before
+    record = json.loads(host.ssh(f"cat {DEFAULT.rollback}/run.json").stdout)
+    assert record["run_id"] != "interrupted-1"
+
+
+def test_no_canary_appears_in_any_command_line_log_file_unit_image_or_process(rig: Rig) -> None:
+    """After every play above (a deploy, a re-run, a failed gate, a crash loop, a recovery, each
+    with the canary token and key): zero hits in each place, every place searched."""
+    assert rig.plays >= 5
+    profile = load_profile(PROFILE)
+    assert profile.engine.image is not None
+    result = canary.search(
+        rig.host,
+        [TOKEN, API_KEY],
+        controller_logs=sorted(rig.logs.glob("*.log")),
+        images=[images.image_tag(profile), profile.engine.image.base.name],
+    )
+    assert result.unsearched == {}, result.describe()
+    assert result.total == 0, result.describe()
+    # the recording recorded: the CLI's commands on the host, the play's ssh sessions
+    assert any("image" in " ".join(r.get("argv", [])) for r in canary.read_argv_log(rig.host))
+    assert (rig.logs / "ssh-argv.log").stat().st_size > 0
+
+
+def test_the_same_search_finds_a_canary_leaked_on_purpose(rig: Rig, tmp_path: Path) -> None:
+    """The control run: the token handed over the way this project forbids — a task's
+    `environment:` (ansible/ansible#13664 puts it on the remote command line) — is found."""
+    leak = canary.new_canary("hf_LEAKED")
+    play = tmp_path / "leak.yml"
+    play.write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.command: {argv: [true]}\n"
+        f"      environment: {{HF_TOKEN: {leak}}}\n"
+    )
+    recording = [a for item in rig.recording.split() for a in ("-e", item)]
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"),
+         "-i", str(rig.logs.parent / "hosts.ini"), str(play), "-vvv", *recording,
+         "-e", f"ansible_ssh_executable={rig.ssh}"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:]
+    log = tmp_path / "leak-vvv.log"
+    log.write_text(run.stdout)
+    result = canary.search(rig.host, [leak], controller_logs=[log], images=[])
+    assert result.hits["argv-log"] and result.hits["leak-vvv.log"], result.describe()
