@@ -15,7 +15,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,7 +235,8 @@ def build(
         return BuildResult(image_tag(profile), None, argv)
     # podman's build log goes to stderr: stdout is the command's result (`image ensure` prints the
     # JSON the images role parses; a build log before it broke every first build on a host)
-    done = subprocess.run(argv, text=True, stdout=sys.stderr)
+    # (file descriptor 2 itself: sys.stderr may be a stream with no descriptor, e.g. under a CLI test runner)
+    done = subprocess.run(argv, text=True, stdout=2)
     if done.returncode != 0:
         raise ImageError(f"podman build failed (exit {done.returncode}) for {image_tag(profile)}; see the output above")
     image_id = local_id(image_tag(profile), podman)
