@@ -280,7 +280,7 @@ def test_the_same_search_finds_a_canary_leaked_on_purpose(rig: Rig, tmp_path: Pa
     play = tmp_path / "leak.yml"
     play.write_text(
         "- hosts: all\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.command: {argv: [\"true\"]}\n"
+        '    - ansible.builtin.command: {argv: ["true"]}\n'
         f"      environment: {{HF_TOKEN: {leak}}}\n"
     )
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(rig.logs.parent / "hosts.ini")]
