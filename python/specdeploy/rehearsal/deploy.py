@@ -185,6 +185,17 @@ def run_playbook(argv: list[str], *, capture: bool) -> subprocess.CompletedProce
     return subprocess.run(argv, cwd=checkout() / "ansible", capture_output=capture, text=True, env=env)
 
 
+def changed_tasks(output: str) -> list[str]:
+    """Names of the tasks a play's output reports as changed (handlers included), in order."""
+    changed, task = [], ""
+    for line in output.splitlines():
+        if line.startswith(("TASK [", "RUNNING HANDLER [")):
+            task = line.split("[", 1)[1].rsplit("]", 1)[0]
+        elif line.startswith("changed: ["):
+            changed.append(task)
+    return changed
+
+
 def gate_report(target: hosts.Host, run_id: str, state: Path | None = None) -> dict[str, Any] | None:
     """Run `run_id`'s gate report, read from the host; None when the play never reached the gate."""
     path = layout.HostLayout.of(state=state).runs / run_id / REPORT
