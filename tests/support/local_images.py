@@ -10,15 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdeploy.rehearsal.hosts import PODMAN, RUN_FLAGS, debootstrap_image
+from specdeploy.rehearsal.hub import BASE_NAME, BASE_PACKAGES
 
 __all__ = ["PODMAN", "RUN_FLAGS", "build_base", "debootstrap_image", "run_limits_conf"]
-BUILD_BASE_PACKAGES = ("ca-certificates", "git", "python3-minimal", "python3-pip", "python3-venv")
 
 
 def build_base() -> str:
     """Debian bookworm minbase with git and Python: what the vLLM Containerfile's source
     stage expects of its (CUDA devel) base, minus CUDA."""
-    return debootstrap_image("bookworm", BUILD_BASE_PACKAGES, "localhost/specdeploy-test/buildbase")
+    # the hub's image base (git + Python): one debootstrapped tar serves both
+    return debootstrap_image("bookworm", BASE_PACKAGES, BASE_NAME)
 
 
 def run_limits_conf(directory: Path) -> Path:

@@ -49,8 +49,8 @@ HUB_IP = "10.89.64.10"
 HUB_PORT = 8090
 HUB_NAME = "specdeploy-hub"
 IMAGE = "localhost/specdeploy-test/hub"
-# Debian bookworm with git (GitPython, which olah reads repos with, runs it) and Python 3.11:
-# the package set and name of the image tests' build base, so one debootstrapped tar serves both.
+# Debian bookworm with git (GitPython, which olah reads repos with, runs it) and Python 3.11;
+# the image tests' build base is this image too (tests/support/local_images.build_base).
 BASE_PACKAGES = ("ca-certificates", "git", "python3-minimal", "python3-pip", "python3-venv")
 BASE_NAME = "localhost/specdeploy-test/buildbase"
 # Bookworm's glibc is 2.36: pip takes wheels for it and every older glibc only when told each.
