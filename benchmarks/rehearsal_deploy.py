@@ -28,7 +28,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from specdeploy.rehearsal import deploy, hosts
+from specdeploy.profile import load_profile
+from specdeploy.rehearsal import deploy, hosts, variants
 
 
 def _changed(output: str) -> str:
@@ -84,11 +85,12 @@ def _rollback() -> dict[str, object]:
     """The main job with an acceptance floor the healthy stack cannot reach: the gate fails and
     rolls back to the stack the re-runs left (what a corrupted drafter would cause)."""
     start = time.monotonic()
-    run = deploy.main_job(patch={"smoke": {"acceptance_length": {"min": 3.85}}})
+    patch = variants.unreachable_acceptance_floor(load_profile(deploy.PROFILE))
+    run = deploy.main_job(patch=patch)
     seconds = time.monotonic() - start
     outcome = (run.report or {}).get("rollback") or {}
     return {
-        "step": "gate failed (acceptance floor 3.85), rolled back",
+        "step": f"gate failed (acceptance floor {patch['smoke']['acceptance_length']['min']}), rolled back",
         "seconds": round(seconds, 1),
         "exit": run.playbook_exit,
         "changed": "",

@@ -185,7 +185,7 @@ def test_a_failed_gate_restores_the_previous_container_stack_which_serves(rig: R
     """A stack that starts and answers but fails the gate (here: an acceptance floor it cannot
     reach, as a corrupted drafter would) is replaced by the previous one, proven to serve."""
     unit_before = rig.host.ssh(f"cat {UNIT}").stdout
-    profiles = _variant(rig, tmp_path, {"smoke": {"acceptance_length": {"min": 3.85}}})
+    profiles = _variant(rig, tmp_path, variants.unreachable_acceptance_floor(load_profile(PROFILE)))
     run, report = _play(rig, profiles=profiles)
     assert run.returncode != 0 and "the gate did not pass" in run.stdout, run.stdout[-4000:]
     assert report is not None and report["verdict"] == "fail", report

@@ -97,6 +97,13 @@ def dflash(
     return derive(base, name, patch, replace=("drafter",))
 
 
+def unreachable_acceptance_floor(profile: Profile) -> dict[str, Any]:
+    """A patch raising the acceptance floor just under the band's top: a healthy stack starts and
+    answers but fails its gate (as a corrupted drafter would), so a deploy of it is rolled back."""
+    band = profile.smoke.acceptance_length
+    return {"smoke": {"acceptance_length": {"min": round(band.max - 0.05, 2)}}}
+
+
 def materialize(profile: Profile, directory: Path) -> Path:
     """Write a variant to `<directory>/<name>.yaml` so the CLI can load it with --profile PATH."""
     directory.mkdir(parents=True, exist_ok=True)
