@@ -111,7 +111,7 @@ def test_image_ensure_builds_loads_an_archive_and_hands_over_a_digest_reference(
     tag = "localhost/specdeploy-test/small:0.5.16"
     subprocess.run([*PODMAN.split(), "rmi", "-f", tag], capture_output=True)
 
-    def ensure(*extra: Any) -> Any:
+    def ensure(*extra: Any, lock: Path = lock) -> Any:
         return cli("image", "ensure", "--profile", path, "--lock", lock, "--podman", PODMAN, *extra)
 
     # `ansible-playbook --check` (GPU-host blocker 11): says what it would do, builds nothing
@@ -137,6 +137,14 @@ def test_image_ensure_builds_loads_an_archive_and_hands_over_a_digest_reference(
     assert data["action"] == "loaded" and data["label_mismatches"] == []
     assert data["reference"].startswith("localhost/specdeploy-test/small@sha256:")
     assert data["image_id"] == first["image_id"] == Lock(lock).value(profile.name, "engine.image.id")
+    # a host whose lock has never seen the base (built elsewhere, the profile's base digest
+    # unresolved): the image's base label is the first sighting, recorded there
+    elsewhere = tmp_path / "elsewhere.lock"
+    subprocess.run([*PODMAN.split(), "rmi", "-f", tag], check=True, capture_output=True)
+    there = ensure("--source", "archive", "--archive", archive, lock=elsewhere)
+    assert there.exit_code == 0 and json.loads(there.stdout)["label_mismatches"] == [], there.stdout + there.stderr
+    base_digest = Lock(lock).value(profile.name, "engine.image.base.digest")
+    assert base_digest and Lock(elsewhere).value(profile.name, "engine.image.base.digest") == base_digest
 
     # The reference by digest handed to the engine unit runs the image.
     ran = subprocess.run(

@@ -11,6 +11,7 @@ unit — an image built from another commit or version never serves.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,11 @@ from specdeploy.images.build import LABEL_ARGS, ImageError, image_tag, label_arg
 from specdeploy.images.guards import same_release
 from specdeploy.profile import Profile
 from specdeploy.profile.lock import Lock, require
+
+# The base digest an image's label is checked against when neither the profile nor this host's
+# lock knows it yet (an image built elsewhere, loaded or pulled here first)
+UNRECORDED_BASE = "(unrecorded: taken from the image)"
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 @dataclass
@@ -74,14 +80,28 @@ def check(image: str, profile: Profile, *, lock: Lock, podman: str = "podman") -
     base_digest = lock.value(profile.name, "engine.image.base.digest")
     if profile.engine.image and profile.engine.image.base.digest.resolved:
         base_digest = profile.engine.image.base.digest.value
-    expected = label_args(profile, str(base_digest) if base_digest else "(unresolved)")
+    expected = label_args(profile, str(base_digest) if base_digest else UNRECORDED_BASE)
     rows = []
     for label, arg in LABEL_ARGS.items():
         if arg == "IMAGE_CREATED":
             continue
         found = labels.get(label)
+        if arg == "BASE_DIGEST" and not base_digest:  # nothing to compare yet: the image says
+            rows.append(LabelCheck(label, UNRECORDED_BASE, found, bool(found and DIGEST.fullmatch(found))))
+            continue
         rows.append(LabelCheck(label, expected[arg], found, found == expected[arg]))
     return rows + inside_rows(image, profile, podman)
+
+
+def record_base_digest(profile: Profile, labels: list[LabelCheck], lock: Lock, *, by: str) -> None:
+    """An image loaded or pulled onto a host whose lock has no base digest yet (the profile's is
+    unresolved, the build happened elsewhere): its label is the first sighting, recorded like any
+    value first fetched — from then on every image on this host is compared with it."""
+    row = next((r for r in labels if r.expected == UNRECORDED_BASE), None)
+    if row is not None and row.ok and row.found:
+        assert profile.engine.image is not None
+        detail = {"name": profile.engine.image.base.name}
+        lock.record(profile.name, "engine.image.base.digest", row.found, by=by, detail=detail)
 
 
 # --------------------------------------------------------------------------- ensure (the images role)
@@ -179,4 +199,5 @@ def ensure(
     image_id = f"sha256:{build.local_id(tag, podman)}"
     if all(label.ok for label in labels):  # never record the ID of an image that failed its check
         build.record_image_id(lock, profile, image_id, by=f"image ensure ({action})")
+        record_base_digest(profile, labels, lock, by=f"image ensure ({action}): the image's base label")
     return Ensured(tag, f"{profile.engine.image.name}@{digest}", action, image_id, labels)

