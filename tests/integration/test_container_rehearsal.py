@@ -61,15 +61,13 @@ class Rig:
     # when there (`images_source: archive`, as an air-gapped site), else built on the host and kept
     engine_archive: Path
     profiles: Path  # the profile pinned at the hub's commits
-    secrets: Path
+    vault: deploy.Vault  # the canary token and key, in an ansible-vault file as a site keeps them
     logs: Path  # every play's -vvv output and the controller's ssh argv log
     ssh: Path
     recording: str  # the host's argv logger, as inventory variables
+    # "archive" when a run before this one kept the image for this key, else "build" (and keep it)
+    images_source: str
     plays: int = 0
-
-    @property
-    def images_source(self) -> str:
-        return "archive" if self.engine_archive.is_file() else "build"
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +76,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     profile = load_profile(PROFILE)
     wheels, base_archive = deploy.wheelhouse(PROFILE), engine_image.base_archive(profile)
     key = engine_image.archive_key(profile, context=deploy.checkout(), wheels=wheels)
-    secrets = deploy.secrets_file(work / "secrets", token=TOKEN, api_key=API_KEY)
+    vault = deploy.rehearsal_vault(work / "secrets", token=TOKEN, api_key=API_KEY)
     gated = [profile.drafter.repo] if profile.drafter else []
     with hub.hub(token=TOKEN, gated=gated) as served:
         hub.ensure_network()
@@ -99,8 +97,9 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
                 wheels=wheels,
                 base_archive=base_archive,
                 engine_archive=engine_image.engine_archive(profile, key),
+                images_source="archive" if engine_image.engine_archive(profile, key).is_file() else "build",
                 profiles=deploy.pinned_profile(profile, served.commits, work / "profiles").parent,
-                secrets=secrets,
+                vault=vault,
                 logs=logs,
                 ssh=canary.ssh_wrapper(logs),
                 recording=canary.install_argv_logger(host),
@@ -129,7 +128,7 @@ def _play(rig: Rig, *, profiles: Path | None = None) -> tuple[subprocess.Complet
             "images_archive_src": str(rig.engine_archive),
             "ansible_ssh_executable": str(rig.ssh),
         },
-        vars_file=rig.secrets,
+        vault=rig.vault,
         host_vars=recording,
     )
     run = deploy.run_playbook([*argv, "-vvv"], capture=True)
@@ -160,27 +159,22 @@ def _status(rig: Rig, path: str, *, key: str | None) -> int:
 def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_rerun_changes_nothing(
     rig: Rig,
 ) -> None:
-    source = rig.images_source
     run, report = _play(rig)
     assert run.returncode == 0, run.stdout[-5000:]
     assert report is not None and report["verdict"] == "pass" and report["smoke"]["verdict"] == "pass", report
     host = rig.host
-    if source == "build":  # the first run for this cache key: built on the host from the context
-        # the role shipped, its guard passing; then kept for the runs after this one to load
+    if rig.images_source == "build":  # the first run for this cache key: built on the host from
+        # the context the role shipped, its guard passing (kept once the canary search passed)
         assert "specdeploy build guard: vllm release checks passed" in run.stdout
         assert '"action": "built"' in run.stdout
-        engine_image.save_from_host(HOST_NAME, load_profile(PROFILE), rig.engine_archive)
     else:  # loaded from the archive, its labels and contents checked, the base digest recorded
         assert '"action": "loaded"' in run.stdout
         assert "engine.image.base.digest" in host.ssh(f"cat {DEFAULT.lock}").stdout
     # weights from the hub at its commits, per revision, served through relative links
     for repo, commit in rig.served.commits.items():
         assert host.ssh(f"test -d {DEFAULT.download(repo)}/{commit} && echo ok").stdout.strip() == "ok", repo
-    assert (
-        host.ssh(f"readlink -f {DEFAULT.target_serving}")
-        .stdout.strip()
-        .endswith(rig.served.commits["specdeploy-fixtures/tiny-qwen3"])
-    )
+    target = host.ssh(f"readlink -f {DEFAULT.target_serving}").stdout.strip()
+    assert target.endswith(rig.served.commits[load_profile(PROFILE).target.repo]), target
     # the quadlet: no GPU device on a CPU profile, the startup health check, the key as a secret
     unit = host.ssh(f"cat {UNIT}").stdout
     assert "AddDevice=" not in unit and "HealthStartupInterval=2s" in unit and "Notify=healthy" in unit
@@ -188,6 +182,11 @@ def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_
     inspected = json.loads(host.ssh(f"podman inspect {layout.UNIT_NAME}").stdout)[0]
     assert inspected["Config"]["User"] == f"{layout.ENGINE_UID}:{layout.ENGINE_UID}"
     assert inspected["State"]["Health"]["Status"] == "healthy"
+    # the hardening, as the running engine has it: no capabilities, no privilege gain, read-only root
+    assert {"NoNewPrivileges=true", "DropCapability=all", "ReadOnly=true"} <= set(unit.splitlines())
+    status = host.ssh(f"podman exec {layout.UNIT_NAME} cat /proc/1/status").stdout
+    assert re.search(r"^CapEff:\s+0+$", status, re.M) and re.search(r"^NoNewPrivs:\s+1$", status, re.M), status
+    assert host.ssh(f"podman exec {layout.UNIT_NAME} touch /written", check=False).returncode != 0
     # the API key guards the API: 401 without it, 200 with it
     assert _status(rig, "/v1/models", key=None) == 401
     assert _status(rig, "/v1/models", key=API_KEY) == 200
@@ -220,8 +219,9 @@ def test_an_interrupted_run_is_restored_and_proven_before_the_next_run_replaces_
     image = re.search(r"^Image=(\S+)$", unit_before, re.M)
     assert image is not None
     profiles = layout.InstallLayout().to_json()["profiles"]
+    max_model_len = load_profile(PROFILE).engine.serve.max_model_len
     interrupted = host.ssh(
-        f"mkdir -p /tmp/interrupted && sed 's/max_model_len: 512/max_model_len: 384/' "
+        f"mkdir -p /tmp/interrupted && sed 's/max_model_len: {max_model_len}$/max_model_len: 384/' "
         f"{profiles}/{PROFILE}.yaml > /tmp/interrupted/{PROFILE}.yaml && "
         f"{CLI} unit install {UNIT.parent} --profile /tmp/interrupted/{PROFILE}.yaml "
         f"--state-dir {DEFAULT.state} --rollback-dir {DEFAULT.rollback} --run-id interrupted-1 "
@@ -275,6 +275,8 @@ def test_no_canary_appears_in_any_command_line_log_file_unit_image_or_process(ri
     )
     assert result.unsearched == {}, result.describe()
     assert result.total == 0, result.describe()
+    if rig.images_source == "build":  # the image this run built, its history searched: kept for the next runs
+        engine_image.save_from_host(HOST_NAME, profile, rig.engine_archive)
     # the recording recorded: the CLI's commands on the host, the play's ssh sessions
     assert any("image" in " ".join(r.get("argv", [])) for r in canary.read_argv_log(rig.host))
     assert (rig.logs / "ssh-argv.log").stat().st_size > 0
@@ -291,7 +293,8 @@ def test_the_same_search_finds_a_canary_leaked_on_purpose(rig: Rig, tmp_path: Pa
         f"      environment: {{HF_TOKEN: {leak}}}\n"
     )
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(rig.logs.parent / "hosts.ini")]
-    run = deploy.run_playbook([*argv, str(play), "-vvv", "-e", f"ansible_ssh_executable={rig.ssh}"], capture=True)
+    argv += [str(play), "-vvv", "-e", f"ansible_ssh_executable={rig.ssh}"]
+    run = deploy.run_playbook([*argv, "--vault-password-file", str(rig.vault.password_file)], capture=True)
     assert run.returncode == 0, run.stdout[-3000:]
     log = tmp_path / "leak-vvv.log"
     log.write_text(run.stdout)

@@ -65,11 +65,8 @@ def _playbook(
     options: tuple[str, ...] = (),
 ) -> tuple[subprocess.CompletedProcess[str], dict | None]:
     """One play, and its own gate report from the host (None when it never reached the gate).
-    The engine's API key goes in a mode-0600 vars file, as ansible-vault would hand it over."""
+    The engine's API key comes from an ansible-vault file, as a site keeps it."""
     run_id = new_run_id()
-    secrets = tmp_path / "vault.json"
-    secrets.write_text(json.dumps({"engine_api_key": API_KEY}))
-    secrets.chmod(0o600)
     argv = deploy.playbook_argv(
         host,
         tmp_path / "hosts.ini",
@@ -79,7 +76,7 @@ def _playbook(
         profile=profile,
         profiles=profiles,
         extra_vars={"specdeploy_models_dir": MODELS},
-        vars_file=secrets,
+        vault=deploy.rehearsal_vault(tmp_path / "secrets", api_key=API_KEY),
     )
     return deploy.run_playbook([*argv, *options], capture=True), deploy.gate_report(host, run_id)
 
@@ -185,7 +182,7 @@ def test_a_serve_flag_and_an_api_key_change_only_the_engine_and_the_gate_sends_t
     """One changed serve flag, and an API key added (GPU-host blocker 4, on the venv path, with a
     canary key): nothing installed the key, the venv unit's `LoadCredential=` never reached vLLM,
     and the gate sent no key (a 401, so every deploy rolled back). Of the stack only the engine
-    changes and restarts. The key goes from a vars file (as from ansible-vault) on stdin to a
+    changes and restarts. The key goes from an ansible-vault file on stdin to a
     root-only file, systemd hands it to the launcher as a credential, the launcher to vLLM
     in-process; the gate reads the file and passes. Unauthenticated requests get 401, and the
     canary is in no process's command line, nowhere in the journal or the play's output."""

@@ -40,10 +40,15 @@ def test_the_key_changes_with_each_build_input_and_only_with_those(
     assert engine_image.engine_archive(PROFILE, key).name == f"engine-{PROFILE.name}-{key}.tar"
     # another wheelhouse (its pins changed)
     assert engine_image.archive_key(PROFILE, context=context, wheels=tmp_path / "wheelhouse-ba9876543210") != key
-    # another engine version in the profile
+    # another build arg in the profile's image
     assert PROFILE.engine.image is not None
     bumped = variants.derive(PROFILE, PROFILE.name, {"engine": {"image": {"build_args": {"EXTRA": "1"}}}})
     assert engine_image.archive_key(bumped, context=context, wheels=wheels) != key
+    # what the build does not read leaves the key alone: the smoke's thresholds, the serve flags
+    other = variants.derive(
+        PROFILE, PROFILE.name, {"smoke": {"position0_acceptance_min": 0.5}, "engine": {"serve": {"max_model_len": 384}}}
+    )
+    assert engine_image.archive_key(other, context=context, wheels=wheels) == key
     # a changed file of the build context
     containerfile = context / PROFILE.engine.image.containerfile
     containerfile.write_text(containerfile.read_text() + "\n# changed\n")

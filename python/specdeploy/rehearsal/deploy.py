@@ -5,7 +5,7 @@ Everything the play needs from the controller is prepared here and cached: a whe
 (the host installs exactly it, offline, for its own Python), the engine image's local base as
 an archive, the hub (olah behind a token-checking proxy, a test host of its own on the test
 network, serving the fixture models as git repos), the host's secrets (a hub token and an API
-key, in a root-only vars file, never in argv) and the host itself (booted when missing, reused
+key, in an ansible-vault file as a site keeps them, never in argv) and the host itself (booted when missing, reused
 when running). On the host the play builds the engine image, fetches the weights from the hub
 with the token, runs the engine under quadlet with the key, and gates it. The play's own gate
 decides; this run's report (`<state>/runs/<run-id>/gate.json`, the run id chosen here and
@@ -105,22 +105,70 @@ def host() -> hosts.Host:
     )
 
 
-def secrets_file(directory: Path, *, token: str | None = None, api_key: str | None = None) -> Path:
-    """The play's secrets as a vars file only its owner reads (`-e @FILE`): the hub token and the
-    engine's API key, generated once per directory and kept (a re-run must not rotate them)."""
-    path = directory / "secrets.json"
-    known = json.loads(path.read_text()) if path.is_file() else {}
+# The site's vault variables (README "Secrets") and the play variables they are mapped to
+VAULT_VARIABLES = {"weights_hf_token": "vault_weights_hf_token", "engine_api_key": "vault_engine_api_key"}
+VAULT_GROUP = "rehearsal"
+
+
+@dataclass(frozen=True)
+class Vault:
+    """The play's secrets kept as a site keeps them: an ansible-vault encrypted file of `vault_*`
+    variables, mapped to the play's variables in the inventory's group_vars, and the vault's
+    password in a file only its owner reads (`--vault-password-file`). Nothing in argv."""
+
+    file: Path
+    password_file: Path
+
+    def _lib(self) -> Any:
+        from ansible.constants import DEFAULT_VAULT_ID_MATCH
+        from ansible.parsing.vault import VaultLib, VaultSecret
+
+        return VaultLib([(DEFAULT_VAULT_ID_MATCH, VaultSecret(self.password_file.read_bytes().strip()))])
+
+    def values(self) -> dict[str, str]:
+        """The play variables (weights_hf_token, engine_api_key), decrypted."""
+        if not self.file.is_file():
+            return {}
+        stored = json.loads(self._lib().decrypt(self.file.read_bytes()))
+        return {play: stored[name] for play, name in VAULT_VARIABLES.items() if name in stored}
+
+    def write(self, values: dict[str, str]) -> None:
+        stored = json.dumps({VAULT_VARIABLES[play]: value for play, value in values.items()}).encode()
+        _write_private(self.file, self._lib().encrypt(stored))
+
+    def group_vars(self, inventory: Path) -> None:
+        """The vault file and its mapping beside the inventory, as `group_vars/<group>/` (a site's layout)."""
+        directory = inventory.parent / "group_vars" / VAULT_GROUP
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_private(directory / "vault.yml", self.file.read_bytes())
+        mapping = "".join(f'{play}: "{{{{ {name} }}}}"\n' for play, name in VAULT_VARIABLES.items())
+        _write_private(directory / "main.yml", mapping.encode())
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write `path` atomically, readable by its owner only from the first byte."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(partial, path)
+
+
+def rehearsal_vault(directory: Path, *, token: str | None = None, api_key: str | None = None) -> Vault:
+    """The play's vault under `directory`: the hub token and the engine's API key, generated once
+    per directory and kept (a re-run must not rotate them), with a random vault password."""
+    kept = Vault(directory / "vault.yml", directory / "vault-password")
+    if not kept.password_file.is_file():
+        _write_private(kept.password_file, secrets.token_hex(32).encode())
+    known = kept.values()
     values = {
         "weights_hf_token": token or known.get("weights_hf_token") or f"hf_{secrets.token_hex(17)}",
         "engine_api_key": api_key or known.get("engine_api_key") or f"sk-{secrets.token_hex(24)}",
     }
     if values != known:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.with_suffix(".partial"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(values, fh)
-        os.replace(path.with_suffix(".partial"), path)
-    return path
+        kept.write(values)
+    return kept
 
 
 def pinned_profile(profile: Profile, commits: dict[str, str], directory: Path) -> Path:
@@ -147,10 +195,11 @@ def playbook_argv(
     profile: str = "cpu-rehearsal",
     profiles: Path | None = None,
     extra_vars: dict[str, str] | None = None,
-    vars_file: Path | None = None,
+    vault: Vault | None = None,
     host_vars: dict[str, str] | None = None,
 ) -> list[str]:
-    """The play's command line; secrets (an API key) go in `vars_file` (mode 0600), never in argv.
+    """The play's command line; secrets (the token, the API key) come from the `vault`
+    through the inventory's group_vars, never in argv.
     `host_vars` are the host's own inventory variables (unlike `-e`, they do not reach the tasks
     delegated to the controller)."""
     line = " ".join([target.inventory_line(), *(f"{k}={v}" for k, v in (host_vars or {}).items())])
@@ -175,8 +224,9 @@ def playbook_argv(
     ]
     for key, value in variables.items():
         argv += ["-e", f"{key}={value}"]
-    if vars_file is not None:
-        argv += ["-e", f"@{vars_file}"]
+    if vault is not None:
+        vault.group_vars(inventory)
+        argv += ["--vault-password-file", str(vault.password_file)]
     return argv
 
 
@@ -219,8 +269,9 @@ def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) 
     profile = load_profile(PROFILE)
     wheels, target = wheelhouse(PROFILE), host()
     state = cache_dir() / "rehearsal-host"
-    secrets_path = secrets_file(state)
-    token = json.loads(secrets_path.read_text())["weights_hf_token"]
+    (state / "secrets.json").unlink(missing_ok=True)  # the plain vars file of earlier versions
+    kept = rehearsal_vault(state / "secrets")
+    token = kept.values()["weights_hf_token"]
     base_archive = engine_image.base_archive(profile)
     gated = [model.repo for _, model in models_of(profile) if model.gated]
     with hub.hub(token=token, gated=gated) as served:
@@ -243,7 +294,7 @@ def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) 
                 "images_source": "build",
                 "images_base_archive_src": str(base_archive),
             },
-            vars_file=secrets_path,
+            vault=kept,
         )
         print(f"ansible-playbook deploy.yml -l rehearsal (profile {PROFILE}, run {run_id})", file=sys.stderr)
         played = run_playbook(argv, capture=False)
