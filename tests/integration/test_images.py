@@ -155,7 +155,7 @@ def test_image_ensure_builds_loads_an_archive_and_hands_over_a_digest_reference(
 
     subprocess.run([*PODMAN.split(), "rmi", "-f", tag], check=True, capture_output=True)
     missing = ensure("--source", "archive", "--archive", tmp_path / "none.tar")
-    assert missing.exit_code == 1 and "no archive at" in missing.stderr and "podman save" in missing.stderr
+    assert missing.exit_code == 2 and "--archive" in missing.stderr and "podman save" in missing.stderr  # bad input
 
     # Pull needs the registry's manifest digest; the recorded image ID is not one.
     unpinned = ensure("--source", "pull")

@@ -30,8 +30,9 @@ def test_record_then_match_then_refuse_drift(tmp_path: Path) -> None:
 def test_unreadable_or_foreign_lock(tmp_path: Path) -> None:
     path = tmp_path / "specdeploy.lock"
     path.write_text("{not json")
-    with pytest.raises(SpecdeployError, match="unreadable"):
+    with pytest.raises(SpecdeployError, match="is not valid JSON") as bad:
         Lock(path)
+    assert bad.value.exit_code == 2  # bad input, like every other file that is not what it should be
     path.write_text(json.dumps({"schema_version": 9, "profiles": {}}))
     with pytest.raises(SpecdeployError, match="expected 1, found 9"):
         Lock(path)

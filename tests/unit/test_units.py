@@ -18,7 +18,7 @@ from specdeploy.profile import load_profile
 def test_unit_cli_renders_and_installs(cli: Any, tmp_path: Path) -> None:
     """`specdeploy unit`: GPU profiles need an image; install reports change for Ansible."""
     missing = cli("unit", "render", "--profile", "a6000-dflash")
-    assert missing.exit_code == 1 and "pass the image reference" in missing.stderr
+    assert missing.exit_code == 2 and "pass the image reference" in missing.stderr  # bad input (was 1)
     rendered = cli(
         "unit", "render", "--profile", "a6000-mtp", "--image", "localhost/specdeploy/sglang@sha256:" + "1" * 64
     )

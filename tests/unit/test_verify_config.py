@@ -314,7 +314,7 @@ def test_missing_file_exits_2(cli: Any, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     result = cli("verify-config", tmp_path / "empty", "--profile", "a6000-dflash")
     assert result.exit_code == 2
-    assert "no such file" in result.stderr
+    assert "config.json does not exist" in result.stderr
 
 
 def test_not_json_exits_2(cli: Any, tmp_path: Path) -> None:

@@ -108,9 +108,10 @@ def test_drifted_upstream_file_fails_against_lock(
     assert _write(cli, serving, profile_path, download, lock).exit_code == 0
     drifted = rehearsal_dflash_config(dflash_profile)
     drifted["rms_norm_eps"] = 1e-5
-    result = _write(cli, serving, profile_path, make_drafter(tmp_path / "drifted", drifted), lock)
+    result = _write(cli, serving, profile_path, make_drafter(tmp_path / "drifted", drifted), lock, "--json")
     assert result.exit_code == 1
-    assert "fields that differ: rms_norm_eps" in result.stdout
+    hash_row = next(c for c in json.loads(result.stdout)["checks"] if c["kind"] == "hash")
+    assert hash_row["consequence"].endswith("fields that differ: rms_norm_eps")  # (a table folds it by width)
 
 
 def test_refuses_unresolved_content(tmp_path: Path, download: Path, dflash_profile: Profile) -> None:
@@ -127,7 +128,7 @@ def test_a6000_missing_download_exits_2(cli: Any, tmp_path: Path) -> None:
     the download — and a missing download is reported (exit 2), not papered over."""
     result = cli("write-config", tmp_path / "serving", "--profile", "a6000-dflash", "--source", tmp_path / "nothing")
     assert result.exit_code == 2
-    assert "no such file" in result.stderr
+    assert "does not exist" in result.stderr
 
 
 def test_serving_dir_must_not_be_the_download(tmp_path: Path, download: Path, dflash_profile: Profile) -> None:
@@ -163,7 +164,7 @@ def test_read_only_filesystem_keeps_previous_file(
 
     result = _write(cli, serving, profile_path, download, lock)
     assert result.exit_code == 1
-    assert "read-only" in result.stderr and "previous file is untouched" in result.stderr
+    assert "read-only" in result.stderr and "nothing was changed" in result.stderr
     assert (serving / "config.json").read_bytes() == stale
 
 
@@ -181,7 +182,7 @@ def test_full_filesystem_keeps_previous_file(
 
     result = _write(cli, serving, profile_path, small, lock)
     assert result.exit_code == 1
-    assert "full" in result.stderr and "previous file is untouched" in result.stderr
+    assert "full" in result.stderr and "nothing was changed" in result.stderr
     assert (serving / "config.json").read_bytes() == b"{}"
     assert not [p for p in serving.iterdir() if p.name.startswith(".")], "temporary file cleaned up"
     filler.unlink()

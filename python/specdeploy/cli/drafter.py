@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from specdeploy.cli import base, output
-from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.errors import UsageError
 from specdeploy.core.keeper import Keeper
 from specdeploy.drafter import serving, verify
 from specdeploy.profile import load_profile
@@ -24,11 +24,13 @@ def _report_table(report: verify.Report) -> Table:
     table = Table("", "field", "expected", "found", "consequence", title=f"verify-config {report.path}")
     for c in report.checks:
         table.add_row(
-            output.MARKS[c.ok],
-            output.text(c.field),
-            output.text(c.expected),
-            output.text(c.found),
-            "" if c.ok else output.text(c.consequence),
+            *output.cells(
+                output.MARKS[c.ok],
+                c.field,
+                c.expected,
+                c.found,
+                "" if c.ok else c.consequence,
+            )
         )
     return table
 
@@ -54,7 +56,7 @@ def verify_config(
     Exit 0 when every check holds, 1 on any mismatch, 2 when the file is missing or not JSON.
     """
     p = load_profile(profile)
-    path = drafter_dir / verify.CONFIG_NAME if drafter_dir.is_dir() else drafter_dir
+    path = verify.config_file(drafter_dir)  # resolved once: a directory named config.json is reported as such
     report = verify.verify(path, p, target_dir=target, lock=base.lock_at(lock))
     _print_report(report, as_json)
     raise typer.Exit(0 if report.ok else 1)
@@ -76,12 +78,21 @@ def write_config(
 ) -> None:
     """Create or repair the serving directory: verified config.json plus links to the weights.
 
-    Writes atomically and reads the result back; refuses when the profile's drafter content
-    is unresolved or the download does not verify. The previous file is kept on any failure.
+    Builds the new state aside and switches it in by one link flip, reads it back and verifies
+    it; refuses when the profile's drafter content is unresolved or the download does not
+    verify. On any failure nothing changes: the serving path, the lock and the rollback record.
     """
     p = load_profile(profile)
     if p.drafter is None:
-        raise SpecdeployError(f"profile {p.name} has no drafter")
+        raise UsageError(
+            f"profile {p.name} has no drafter (speculative method {p.engine.speculative.method!r})",
+            hint="pass the profile of a deployment with a drafter (one with a drafter section)",
+        )
+    if rollback_dir is not None and not run_id:
+        raise UsageError(
+            "--rollback-dir needs --run-id: the kept copy belongs to a deploy run",
+            hint="pass --run-id RUN_ID (Ansible passes one per run), or leave --rollback-dir out",
+        )
     src = source or base.host_layout(models_dir).download(p.drafter.repo)
     try:
         result = serving.write_serving_dir(

@@ -4,6 +4,7 @@ the drafter is wired as the profile says."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -11,7 +12,7 @@ from typing import Annotated
 import typer
 
 from specdeploy.cli import base, output
-from specdeploy.core.errors import SpecdeployError, UsageError
+from specdeploy.core.errors import UsageError
 from specdeploy.core.keeper import Keeper
 from specdeploy.engine import startup_log, units
 from specdeploy.profile import load_profile, resolve_profile_path
@@ -32,18 +33,18 @@ def _render(
     profile_file: str | None = None,
     python: str | None = None,
     publish_host: str | None = None,
+    placeholder_ok: bool = False,
 ) -> units.RenderedUnit:
-    try:
-        return units.render(
-            load_profile(profile),
-            host=host,
-            image=image,
-            profile_file=profile_file,
-            python=python,
-            publish_host=publish_host,
-        )
-    except ValueError as exc:
-        raise SpecdeployError(str(exc), hint="pass --image REF@sha256:DIGEST") from None
+    """The unit, or an exit-2 refusal naming the flag or the profile's field (units.render)."""
+    return units.render(
+        load_profile(profile),
+        host=host,
+        image=image,
+        profile_file=profile_file,
+        python=python,
+        publish_host=publish_host,
+        placeholder_ok=placeholder_ok,
+    )
 
 
 @unit_app.command("render")
@@ -79,14 +80,32 @@ def unit_install(
     publish_host: base.PublishHostOpt = None,
     check: base.CheckOpt = False,
 ) -> None:
-    """Write the unit atomically; prints JSON {"changed": ..., "path": ...} for Ansible."""
+    """Write the unit atomically; prints JSON {"changed": ..., "path": ...} for Ansible.
+
+    Everything is checked before anything is written: a refused input (exit 2) or a unit
+    directory nothing can be written to (exit 1) leaves no unit, no profile copy and no
+    rollback copy behind."""
     host = base.host_layout(models_dir, serving_dir, state_dir, cache_dir)
-    copy = None
+    keep = rollback_dir is not None and not check
+    if keep and not run_id:
+        raise UsageError(
+            "--rollback-dir needs --run-id: the kept copy of the unit belongs to a deploy run; nothing was written",
+            hint="pass --run-id ID (Ansible passes the run's id), or leave --rollback-dir out",
+        )
+    if keep:
+        assert rollback_dir is not None
+        units.require_dir_or_creatable(rollback_dir, option="--rollback-dir")
+    copy = source = None
     if state_dir:
+        units.require_dir_or_creatable(host.state, option="--state-dir")
         source = resolve_profile_path(profile)
-        copy = str(units.profile_copy_path(source, host) if check else units.keep_profile_copy(source, host))
-    unit = _render(profile, image, host, copy, python, publish_host)
-    keeper = Keeper(rollback_dir, run_id) if rollback_dir is not None and not check else None
+        copy = units.profile_copy_path(source, host)
+    # `--check` (ansible-playbook --check) may name the image `image ensure --check` would still provide
+    unit = _render(profile, image, host, str(copy) if copy else None, python, publish_host, placeholder_ok=check)
+    units.require_unit_dir(dest, unit.filename, check=check)
+    if source is not None and not check:
+        units.keep_profile_copy(source, host)
+    keeper = Keeper(rollback_dir, run_id) if keep and rollback_dir is not None else None
     changed = units.install(unit, dest, keeper, check=check)
     output.emit({"changed": changed, "path": str(dest / unit.filename)}, True, lambda: None)
 
@@ -94,9 +113,7 @@ def unit_install(
 def startup_log_check(
     profile: base.ProfileOpt,
     unit: Annotated[str | None, typer.Option(help="read the unit's journal since its current start")] = None,
-    log_file: Annotated[
-        Path | None, typer.Option("--file", help="read a saved engine log instead", **base.InputFile)
-    ] = None,
+    log_file: Annotated[Path | None, typer.Option("--file", help="read a saved engine log instead")] = None,
     timeout: Annotated[
         float | None, typer.Option(help="seconds to wait for the line (with --unit); default: the profile's readiness")
     ] = None,
@@ -107,16 +124,23 @@ def startup_log_check(
     Exit 0 when it matches, 1 when it differs or never appears, 2 on bad input.
     """
     p = load_profile(profile)
-    if p.engine.speculative.method != "dflash":
-        output.out.print(f"profile {p.name} uses {p.engine.speculative.method}: no auxiliary-layer line to check")
-        raise typer.Exit(0)
     if (unit is None) == (log_file is None):
         raise UsageError(
             "pass exactly one of --unit and --file",
             hint="--unit specdeploy-engine reads the running engine's journal; --file reads a saved log",
         )
-    if log_file is not None:
-        check = startup_log.check_aux_layers(p, log_file.read_text(errors="replace"))
+    if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
+        raise UsageError(
+            f"--timeout {timeout}: expected a number of seconds >= 0, found {timeout}",
+            hint="pass --timeout SECONDS (e.g. 600), or leave it out for the profile's readiness timeout",
+        )
+    # a bad --file is refused whatever the profile (regular files only, a size ceiling: a FIFO must not block)
+    log_text = startup_log.read_log_file(log_file) if log_file is not None else None
+    if p.engine.speculative.method != "dflash":
+        output.out.print(f"profile {p.name} uses {p.engine.speculative.method}: no auxiliary-layer line to check")
+        raise typer.Exit(0)
+    if log_text is not None:
+        check = startup_log.check_aux_layers(p, log_text)
     else:
         assert unit is not None
         endpoint = f"http://127.0.0.1:{p.engine.serve.port}"
@@ -162,8 +186,10 @@ def engine_api_key(
     the podman secret of that name. Prints JSON {"changed", "file", "podman"} for Ansible."""
     from specdeploy.engine import secret
 
-    key = sys.stdin.readline()
-    installed = secret.install(load_profile(profile), base.host_layout(state_dir=state_dir), key, podman=podman)
+    p = load_profile(profile)
+    secret.secret_name(p)  # a profile without a key is refused before standard input is read
+    key = secret.read_key(sys.stdin)
+    installed = secret.install(p, base.host_layout(state_dir=state_dir), key, podman=podman)
     data = {"name": installed.name, "file": installed.file, "changed": installed.changed, "podman": installed.podman}
     output.emit(data, True, lambda: None)
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from specdeploy.cli import base, output
 from specdeploy.cli.smoke import print_smoke
 from specdeploy.core import layout
+from specdeploy.core.errors import UsageError
 from specdeploy.profile import resolve_profile_path
 
 
@@ -24,17 +25,19 @@ def print_gate(report: dict[str, Any]) -> None:
     startup = report.get("startup_log")
     if startup is not None:
         result = "skipped" if startup.get("skipped") else ("ok" if startup["ok"] else "fail")
-        table.add_row("startup log", output.status(result), output.text(startup["message"]))
+        table.add_row(*output.cells("startup log", output.status(result), startup["message"]))
     if report.get("smoke"):
-        table.add_row("smoke", output.status(report["smoke"]["verdict"]), f"exit {report['smoke']['exit_code']}")
+        table.add_row(
+            *output.cells("smoke", output.status(report["smoke"]["verdict"]), f"exit {report['smoke']['exit_code']}")
+        )
     rollback = report.get("rollback")
     if rollback is not None:
         serves = rollback.get("previous_stack_serves")
         summary = rollback.get("message") or rollback.get("error", "")
         if rollback.get("downtime_s") is not None:
             summary += f" (downtime {rollback['downtime_s']} s)"
-        table.add_row("rollback", output.status("ok" if serves else "fail"), output.text(summary))
-    table.add_row("verdict", output.status(report["verdict"]), output.text(report["message"]))
+        table.add_row(*output.cells("rollback", output.status("ok" if serves else "fail"), summary))
+    table.add_row(*output.cells("verdict", output.status(report["verdict"]), report["message"]))
     output.out.print(table)
     output.out.print(f"gate: [bold]{report['verdict']}[/] (exit {report['exit_code']}) in {report['elapsed_s']}s")
 
@@ -53,13 +56,20 @@ def gate(
     unit: base.UnitOpt = layout.UNIT_NAME,
     startup_log: Annotated[
         Path | None,
-        typer.Option("--startup-log", help="read a saved engine log instead of the unit's journal", **base.InputFile),
+        typer.Option("--startup-log", help="read a saved engine log instead of the unit's journal"),
     ] = None,
     rollback: Annotated[bool, typer.Option(help="restore the previous stack when the gate fails")] = True,
+    readiness_timeout: Annotated[
+        float | None,
+        typer.Option(help="seconds to wait for the engine to be ready (default: the profile's readiness_timeout_s)"),
+    ] = None,
     as_json: base.JsonOpt = False,
 ) -> None:
     """Gate a deployed stack: the DFlash startup-log check, the smoke checks and, on failure,
     the rollback (restore what this run replaced, prove the previous stack serves).
+
+    Checked first (exit 2, nothing changed): the run id, the state directory, the profile;
+    then the startup log file and the endpoint (a base URL: readiness ends at once otherwise).
 
     Writes <state>/runs/<run-id>/gate.json on every exit path; points <state>/verified at the
     run when it passes. Exit 0 pass, 1 fail, 2 could not test, 3 inconclusive, 4 failed and
@@ -69,12 +79,19 @@ def gate(
     """
     from specdeploy.gate import run as gate_run  # the smoke's clients and statistics: only when gating
 
+    if readiness_timeout is not None and not readiness_timeout > 0:
+        raise UsageError(
+            f"--readiness-timeout: expected a number of seconds > 0, found {readiness_timeout:g}",
+            hint="pass --readiness-timeout a positive number of seconds (the profile's smoke.readiness_timeout_s "
+            "when left out)",
+        )
     options = gate_run.GateOptions(
         endpoint=endpoint,
         unit=unit,
         log_file=startup_log,
         rollback=rollback,
         show_progress=sys.stderr.isatty(),
+        readiness_timeout_s=readiness_timeout,
     )
     host = base.host_layout(models_dir, serving_dir, state_dir)
     report = gate_run.run_gate(resolve_profile_path(profile), host, run_id or gate_run.new_run_id(), options)

@@ -11,10 +11,31 @@ import typer
 from rich.table import Table
 
 from specdeploy.cli import base, output
-from specdeploy.host import cdi
+from specdeploy.core.errors import UsageError
+from specdeploy.host import cdi, command
 from specdeploy.host import preflight as checks
 from specdeploy.profile import load_profile
 from specdeploy.weights.fetch import read_token
+
+WEIGHTS_SOURCES = ("hub", "archive")
+TimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout",
+        envvar="SPECDEPLOY_PROGRAM_TIMEOUT",
+        help="seconds each host program (nvidia-smi, podman) may run before it is reported as hanging",
+    ),
+]
+
+
+def _timeout(value: float) -> float:
+    """A program deadline in seconds: more than 0, at most an hour (NaN and infinity refused)."""
+    if not 0 < value <= 3600:
+        raise UsageError(
+            f"--timeout {value:g}: expected seconds, more than 0 and at most 3600",
+            hint=f"pass e.g. --timeout {command.DEFAULT_TIMEOUT_S:g} (or set SPECDEPLOY_PROGRAM_TIMEOUT)",
+        )
+    return value
 
 
 def preflight(
@@ -24,16 +45,21 @@ def preflight(
     podman: base.PodmanOpt = "podman",
     weights_source: Annotated[str, typer.Option(help="hub or archive (no token needed)")] = "hub",
     models_dir: base.ModelsDirOpt = None,
-    token_file: Annotated[
-        Path | None, typer.Option(help="a file holding the hub token (mode 600)", **base.InputFile)
-    ] = None,
+    token_file: Annotated[Path | None, typer.Option(help="a file holding the hub token (one line, mode 600)")] = None,
     token_stdin: Annotated[
         bool, typer.Option("--token-stdin", help="read the HF token from standard input (how Ansible passes it)")
     ] = False,
+    timeout: TimeoutOpt = command.DEFAULT_TIMEOUT_S,
 ) -> None:
     """Check the host can run the profile: GPUs, compute capability, driver, NVLink, disk,
-    podman, port, hub token. Exit 0 when nothing fails (warnings allowed), 1 otherwise."""
+    podman, port, hub token. Exit 0 when nothing fails (warnings allowed), 1 otherwise; 2 for
+    bad input (an unknown --weights-source, a token file that holds no token)."""
     p = load_profile(profile)
+    if weights_source not in WEIGHTS_SOURCES:
+        raise UsageError(
+            f"--weights-source {weights_source!r}: expected one of {', '.join(WEIGHTS_SOURCES)}; nothing was checked",
+            hint="pass --weights-source hub (weights fetched with a token) or archive (unpacked from an archive)",
+        )
     # the same rules as the fetch: stdin, else a mode-600 file, else $HF_TOKEN
     token = read_token(token_file, from_stdin=token_stdin) is not None
     options = checks.Options(
@@ -42,14 +68,20 @@ def preflight(
         weights_source=weights_source,
         token_present=token,
         models_dir=base.host_layout(models_dir).models,
+        timeout_s=_timeout(timeout),
     )
     report = checks.run(p, options)
 
-    def table() -> Table:
-        t = Table("check", "", "found", "needs", "fix", title=f"preflight: {p.name}")
+    def table() -> None:
+        t = Table("check", "", "found", "needs", title=f"preflight: {p.name}")
         for c in report.checks:
-            t.add_row(c.name, output.status(c.level), *(output.text(v) for v in (c.found, c.expected, c.fix)))
-        return t
+            t.add_row(*output.cells(c.name, output.status(c.level), c.found, c.expected))
+        output.out.print(t)
+        # each failure and warning with its fix, one line each, below the table
+        for c in report.checks:
+            if c.fix and c.level in (checks.Level.fail, checks.Level.warn):
+                output.out.print(output.line(output.status(c.level), " ", c.name, ": ", c.found), highlight=False)
+                output.out.print(output.line("  ", output.styled("fix:", "bold"), " ", c.fix), highlight=False)
 
     output.emit(report.to_json(), as_json, table)
     raise typer.Exit(0 if report.ok else 1)
@@ -63,7 +95,7 @@ NvidiaSmiOpt = Annotated[str, typer.Option("--nvidia-smi", help="nvidia-smi exec
 def _fields_table(title: str, data: dict[str, object], style: str | None = None) -> Table:
     t = Table(title=title, show_header=False)
     for key, value in data.items():
-        t.add_row(key, output.text(value), style=style if key in ("regenerate", "reason") else None)
+        t.add_row(*output.cells(key, value), style=style if key in ("regenerate", "reason") else None)
     return t
 
 
@@ -73,15 +105,17 @@ def cdi_status(
     state_dir: base.StateDirOpt = None,
     nvidia_smi: NvidiaSmiOpt = "nvidia-smi",
     as_json: base.JsonOpt = False,
+    timeout: TimeoutOpt = command.DEFAULT_TIMEOUT_S,
 ) -> None:
     """Say whether the CDI spec must be (re)generated for the running driver.
 
     Yes when the spec is missing, no stamp says which driver it was generated for, the stamp
     names another driver, or the spec changed since it was recorded. Exit 0 either way (read
-    `regenerate`); 1 when nvidia-smi cannot tell the one driver the GPUs run.
+    `regenerate`); 1 when nvidia-smi cannot tell the one driver the GPUs run (or does not
+    answer within --timeout seconds); 2 when the spec or the stamp is not a file.
     """
     state = base.host_layout(state_dir=state_dir).state
-    decision = cdi.check(spec, state, nvidia_smi)
+    decision = cdi.check(spec, state, nvidia_smi, timeout=_timeout(timeout))
     data = {**decision.to_json(), "stamp": str(cdi.stamp_path(state))}
     style = "bold yellow" if decision.regenerate else "green"
     output.emit(data, as_json, lambda: _fields_table("cdi status", data, style))
@@ -93,14 +127,17 @@ def cdi_record(
     state_dir: base.StateDirOpt = None,
     nvidia_smi: NvidiaSmiOpt = "nvidia-smi",
     as_json: base.JsonOpt = False,
+    timeout: TimeoutOpt = command.DEFAULT_TIMEOUT_S,
 ) -> None:
     """Record the driver the CDI spec was just generated for.
 
     Run right after `nvidia-ctk cdi generate`: the driver version, the spec and its sha256 go
-    to <state>/cdi.json (never under /etc/cdi). Exit 2 when the spec does not exist.
+    to <state>/cdi.json (never under /etc/cdi). Exit 2 when the spec does not exist or is not
+    a file, or the state directory or stamp is not what specdeploy writes; 1 when nvidia-smi
+    cannot tell the driver (or does not answer within --timeout seconds).
     """
     state = base.host_layout(state_dir=state_dir).state
-    stamp = cdi.record_running(spec, state, nvidia_smi)
+    stamp = cdi.record_running(spec, state, nvidia_smi, timeout=_timeout(timeout))
     data = {**stamp.to_json(), "stamp": str(cdi.stamp_path(state))}
     output.emit(data, as_json, lambda: _fields_table("cdi record", data))
 

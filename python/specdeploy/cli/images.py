@@ -111,7 +111,7 @@ def image_check(
     def table() -> Table:
         t = Table("", "label", "expected", "found", title=f"image check {image}")
         for r in rows:
-            t.add_row(output.MARKS[r.ok], r.label, output.text(r.expected), output.text(str(r.found)))
+            t.add_row(*output.cells(output.MARKS[r.ok], r.label, r.expected, r.found))
         return t
 
     output.emit({"image": image, "ok": ok, "labels": [r.__dict__ for r in rows]}, as_json, table)

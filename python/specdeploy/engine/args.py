@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeploy.core.errors import ProfileError
 from specdeploy.engine import launch
 from specdeploy.profile import Profile
 
@@ -78,7 +79,10 @@ def _vllm(profile: Profile, model: str, drafter: str | None, speculative_on: boo
     }
     if spec.method in ("dflash", "draft_model"):
         if drafter is None:
-            raise ValueError(f"method {spec.method!r} needs the drafter's serving directory")
+            raise ProfileError(
+                f"profile {profile.name}: speculative method {spec.method!r} needs a drafter, found none to serve",
+                hint="add the drafter section to the profile, or use a method without a drafter (ngram, mtp)",
+            )
         speculative["model"] = drafter
     speculative.update(spec.extra)
     argv += ["--speculative-config", json.dumps(speculative, sort_keys=True, separators=(",", ":"))]

@@ -16,9 +16,12 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
-from specdeploy.core import atomic, layout
-from specdeploy.core.errors import SpecdeployError
+from specdeploy.core import atomic, files, layout
+from specdeploy.core.errors import InputFileError, SpecdeployError
+from specdeploy.core.files import LIMITS
+from specdeploy.images import podman as podman_exe
 from specdeploy.profile import Profile
 
 FILE_MODE = 0o600
@@ -32,6 +35,42 @@ class SecretError(SpecdeployError):
     """The API key is missing, too weak, or could not be stored."""
 
 
+class KeyInputError(SecretError):
+    """The key given (standard input), the profile or the place it goes is not usable: bad input,
+    exit 2, and nothing was written."""
+
+    exit_code = 2
+
+
+KEY_HINT = (
+    "set a long random key in ansible-vault (engine_api_key), e.g. `openssl rand -hex 32`, and pass it on "
+    "standard input: `printf '%s\\n' \"$KEY\" | specdeploy engine api-key ...`"
+)
+
+
+def read_key(stream: IO[Any]) -> str:
+    """The first line of standard input, at most LIMITS["key"] bytes and UTF-8: a KeyInputError
+    otherwise (never an unbounded read, never a UnicodeDecodeError)."""
+    limit = LIMITS["key"]
+    raw = getattr(stream, "buffer", None)
+    data: bytes | str = raw.readline(limit + 1) if raw is not None else stream.readline(limit + 1)
+    if len(data) > limit:
+        raise KeyInputError(
+            f"API key on standard input: expected one line of at most {limit} bytes, found more; nothing was written",
+            hint=KEY_HINT,
+        )
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise KeyInputError(
+            f"API key on standard input: expected UTF-8 text, found byte {data[exc.start]:#04x} at offset "
+            f"{exc.start}; nothing was written",
+            hint=KEY_HINT,
+        ) from None
+
+
 @dataclass
 class Installed:
     name: str
@@ -40,38 +79,67 @@ class Installed:
     podman: str  # "created", "unchanged" or "not used" (venv runtime)
 
 
-def _secret_name(profile: Profile) -> str:
+def secret_name(profile: Profile) -> str:
+    """The secret the profile's API key is stored as; a KeyInputError (exit 2) when it has none."""
     ref = profile.engine.serve.api_key
     if ref is None:
-        raise SecretError(
+        raise KeyInputError(
             f"profile {profile.name} has no engine.serve.api_key: there is no key to install",
             hint="reference a secret in the profile (api_key: {secret: specdeploy_api_key}) or skip this step",
         )
     return ref.secret
 
 
+_secret_name = secret_name  # the name it had
+
+
 def _podman(podman: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([podman, "secret", *args], input=stdin, capture_output=True)
+    """podman secret `args` (the key on standard input, never argv); a missing podman is exit 2."""
+    return podman_exe.run(podman, "secret", *args, stdin=stdin if stdin is not None else b"", text=False)
+
+
+def _require_key_path(path: Path, host: layout.HostLayout) -> None:
+    """The state directory and its secrets directory are directories (or nothing yet) and the key
+    file is a file (or nothing yet): a KeyInputError naming the path otherwise, before anything
+    is written."""
+    for directory in (host.state, path.parent):
+        found = podman_exe.kind_of(directory)
+        if found not in (None, "a directory"):
+            raise KeyInputError(
+                f"--state-dir {host.state}: expected a directory to hold the API key ({directory}), found {found}; "
+                "nothing was written",
+                hint="pass the host's state directory (`specdeploy facts`: paths.state) as --state-dir",
+            )
+    found = podman_exe.kind_of(path)
+    if found not in (None, "a regular file"):
+        raise KeyInputError(
+            f"API key file {path}: expected a regular file (or nothing, to create it), found {found}; "
+            "nothing was written",
+            hint=f"remove {path} (it is not a key file), then run the engine stage again",
+        )
 
 
 def install(profile: Profile, host: layout.HostLayout, key: str, *, podman: str = "podman") -> Installed:
     """Store `key` as the profile's API key on this host (idempotent), and as a podman secret
     for a container engine. The key is passed to podman on standard input, never in argv."""
-    name = _secret_name(profile)
+    name = secret_name(profile)
     key = key.strip()
     if len(key) < MIN_LENGTH:
-        raise SecretError(
+        raise KeyInputError(
             f"API key for secret {name}: expected at least {MIN_LENGTH} characters, found {len(key)}",
             hint="set a long random key in ansible-vault (engine_api_key), e.g. `openssl rand -hex 32`; "
             "a missing or short key leaves the engine open or guessable",
         )
     if not KEY_CHARACTERS.fullmatch(key):
-        raise SecretError(
+        raise KeyInputError(
             f"API key for secret {name}: expected only letters, digits and . _ ~ + / = -, found other characters",
             hint="use e.g. `openssl rand -hex 32`: the launcher masks the key in the engine's logs, and a "
             "quote or backslash would be escaped there (SGLang logs its arguments with repr) and slip past it",
         )
     path = host.secret_file(name)
+    _require_key_path(path, host)
+    if profile.engine.runtime == "container":
+        podman_exe.require(podman)  # before the key file is written: a missing podman leaves nothing behind
     atomic.ensure_dir(path.parent)
     os.chmod(path.parent, DIR_MODE)
     data = key.encode()
@@ -105,12 +173,12 @@ def read(profile: Profile, host: layout.HostLayout) -> str | None:
     if from_env:
         return from_env
     path = host.secret_file(profile.engine.serve.api_key.secret)
-    try:
-        key = Path(path).read_text().strip()
-    except OSError as exc:
+    try:  # bounded, regular files only: a FIFO in its place must not block the gate
+        key = files.read_text(path, what="API key file", limit=LIMITS["key"]).strip()
+    except InputFileError as exc:
         raise SecretError(
             f"profile {profile.name} serves with an API key, but {path} cannot be read "
-            f"({exc.strerror or exc}): the smoke would be answered 401",
+            f"({exc.message}): the smoke would be answered 401",
             hint="run the deploy's engine stage (it installs the key from ansible-vault), "
             "or set $SPECDEPLOY_API_KEY for a run by hand",
         ) from None

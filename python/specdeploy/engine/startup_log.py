@@ -22,21 +22,38 @@ The wait therefore ends as soon as the engine is ready or failed, and says what 
 
 from __future__ import annotations
 
-import ast
 import re
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
+from specdeploy.core import files
+from specdeploy.core.errors import ProfileError, ProgramError
 from specdeploy.profile import Profile
 
+# The tuple as Python prints it — `(2, 17, 32, 47, 62)`, `(1,)`, `()` — with layer ids of at most
+# nine digits: anything else in the parentheses is not a line vLLM printed (a hand-edited log,
+# `(1 2)`, `(,)`, a 5000-digit number), and is not read as one.
 _AUX_RE = re.compile(
     r"Using (?:Eagle3 )?auxiliary layers from (?P<origin>speculative config|config|model): "
-    r"(?P<layers>\([0-9,\s]*\))"
+    r"(?P<layers>\(\s*(?:[0-9]{1,9}\s*,\s*)*(?:[0-9]{1,9}\s*)?\))"
 )
+_LAYER_RE = re.compile(r"[0-9]+")
+LOG_HINT = "pass a saved engine log, e.g. `journalctl -u specdeploy-engine --output=cat > engine.log`"
+
+
+def read_log_file(path: Path | str) -> str:
+    """A saved engine log: a regular file of at most LIMITS["text"] (a FIFO or a device is
+    refused at once, never read), decoded leniently (a log may hold any bytes). An
+    InputFileError (exit 2) naming the file otherwise."""
+    data = files.read_bytes(path, what="engine log", limit=files.LIMITS["text"], hint=LOG_HINT)
+    return data.decode("utf-8", errors="replace")
+
+
 # what the runner that printed a line is called, by its wording
 RUNNER_OF_ORIGIN = {"speculative config": "V1", "config": "V2", "model": "V2"}
 _SPEC_RE = re.compile(r"speculative_config=SpeculativeConfig\(method='(?P<method>[^']*)'")
@@ -63,8 +80,13 @@ class AuxLayerCheck:
 
 def expected_aux_layers(profile: Profile) -> tuple[int, ...]:
     ids = profile.drafter_expected("target_layer_ids")
-    if ids is None:
-        raise ValueError(f"profile {profile.name} pins no drafter target_layer_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        found = "nothing (unresolved)" if ids is None else repr(ids)
+        raise ProfileError(
+            f"profile {profile.name}: field drafter.config.expected.target_layer_ids: expected the resolved list "
+            f"of target layers the drafter taps, found {found}: there is no auxiliary-layer line to check against",
+            hint="resolve target_layer_ids in the profile (the drafter's config.json dflash_config.target_layer_ids)",
+        )
     return tuple(i + 1 for i in ids)
 
 
@@ -81,7 +103,8 @@ def find_aux_line(log_text: str) -> AuxLine | None:
         return None
     last = matches[-1]
     origin = last.group("origin")
-    return AuxLine(tuple(ast.literal_eval(last.group("layers"))), RUNNER_OF_ORIGIN[origin], origin)
+    layers = tuple(int(n) for n in _LAYER_RE.findall(last.group("layers")))
+    return AuxLine(layers, RUNNER_OF_ORIGIN[origin], origin)
 
 
 def find_aux_layers(log_text: str) -> tuple[int, ...] | None:
@@ -148,17 +171,28 @@ def journal_of_current_run(unit: str) -> str:
     """The unit's log lines since its current start (its systemd invocation), from journald.
     A quadlet container logging to journald runs in the unit's cgroup, so its lines carry the
     same invocation id."""
-    invocation = subprocess.run(
-        ["systemctl", "show", "--property=InvocationID", "--value", unit], capture_output=True, text=True
-    ).stdout.strip()
+    invocation = _run(["systemctl", "show", "--property=InvocationID", "--value", unit]).strip()
     if not invocation:
         return ""
-    done = subprocess.run(
-        ["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "--output=cat", "--no-pager"],
-        capture_output=True,
-        text=True,
-    )
-    return done.stdout
+    return _run(["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "--output=cat", "--no-pager"])
+
+
+def _run(argv: list[str]) -> str:
+    """A systemd tool's output (undecodable bytes replaced); a ProgramError (exit 2) where the tool
+    is missing or hangs: --unit reads a systemd host's journal, --file reads a saved log."""
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        why = (
+            f"did not answer within {exc.timeout:.0f} s"
+            if isinstance(exc, subprocess.TimeoutExpired)
+            else (f"cannot run: {exc.strerror or exc}")
+        )
+        raise ProgramError(
+            f"--unit: `{argv[0]}` {why}: the engine's journal cannot be read on this machine",
+            hint="run it on the host that runs the engine unit (systemd), or pass a saved log with --file",
+        ) from None
+    return done.stdout.decode("utf-8", errors="replace")
 
 
 def wait_for_aux_layers(

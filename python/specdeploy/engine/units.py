@@ -10,14 +10,117 @@ reports whether anything changed, so Ansible restarts the engine only when it mu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import ipaddress
+import os
+import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from specdeploy.core import atomic, layout
+from specdeploy.core.errors import ProfileError, UsageError, WriteError
 from specdeploy.core.keeper import Keeper
 from specdeploy.engine import args as engine_args
+from specdeploy.images.podman import kind_of
 from specdeploy.profile import Profile
+
+# What a unit may run: an image by its digest, which no push can move (a tag can: the unit would
+# then start an image nobody checked). `image ensure` prints exactly this form as its reference.
+IMAGE_BY_DIGEST = re.compile(r"[^\s@]+@sha256:[0-9a-f]{64}")
+# What `image ensure --check` prints for an image it would still build, pull or load: accepted by
+# `unit install --check` only, which writes nothing (ansible-playbook --check).
+IMAGE_PLACEHOLDER = re.compile(r"[^\s@]+@\(not yet (?:build|pull|archive)\)")
+# A line break (or any control character) in a value would end the unit's line and start a
+# directive of its own: ExecStartPre=, a second Environment=, a Volume= of the whole disk.
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def require_image_ref(image: str | None, profile: Profile, *, placeholder_ok: bool = False) -> str:
+    """The `--image` a container unit runs: NAME@sha256:<64 hex>, or a UsageError (exit 2) that
+    names the flag, the form expected and what was found."""
+    hint = (
+        'pass the image reference `specdeploy image ensure` prints (its "reference": NAME@sha256:DIGEST), '
+        "or `podman image inspect --format '{{.Digest}}' IMAGE` for the digest"
+    )
+    if image is None:
+        raise UsageError(
+            f"profile {profile.name} runs in a container: --image is missing; expected the image reference "
+            "by digest, NAME@sha256:<64 hex digits>",
+            hint=hint,
+        )
+    if IMAGE_BY_DIGEST.fullmatch(image) or (placeholder_ok and IMAGE_PLACEHOLDER.fullmatch(image)):
+        return image
+    if "@sha256:" in image:
+        found = "a digest that is not 64 lowercase hex digits"
+    elif "@" in image:
+        found = "a digest that is not sha256"
+    else:
+        found = "a mutable tag" if ":" in image.rsplit("/", 1)[-1] else "a name without a digest (tag latest)"
+    raise UsageError(
+        f"--image {image!r}: expected a reference by digest NAME@sha256:<64 hex digits>, found {found}: a tag can "
+        "move to another image after the check, and the unit would run an image nobody checked; nothing was written",
+        hint=hint,
+    )
+
+
+def require_publish_host(publish_host: str | None) -> None:
+    """`--publish-host`: an IP address (podman publishes on addresses, not names), or a wildcard."""
+    if publish_host is None or publish_host in WILDCARDS:
+        return
+    try:
+        ipaddress.ip_address(publish_host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        raise UsageError(
+            f"--publish-host {publish_host!r}: expected an IP address of this host (e.g. 10.1.2.3, or "
+            f"0.0.0.0 for every address), found something else; nothing was written",
+            hint="set the inventory's specdeploy_publish_host to one of the host's addresses "
+            f"(default {layout.DEFAULT_PUBLISH_HOST}: loopback only)",
+        ) from None
+
+
+def _refuse_control(value: str, field: str, *, profile: Profile | None = None) -> None:
+    if match := CONTROL.search(value):
+        where = f"profile {profile.name}: field {field}" if profile else field
+        error = ProfileError if profile else UsageError
+        raise error(
+            f"{where}: expected no control characters in a value rendered into the engine's unit, found "
+            f"{match.group()!r} in {value[:80]!r}: a line break would end the unit's line and start a directive "
+            "of its own; nothing was written",
+            hint=f"remove the line break (or other control character) from {field}",
+        )
+
+
+def require_renderable(profile: Profile, **paths: str | None) -> None:
+    """Every value the unit renders from the profile (and the command line's paths) is one line:
+    a ProfileError / UsageError (exit 2) naming the field otherwise."""
+    serve = profile.engine.serve
+    fields: dict[str, str | None] = {
+        "name": profile.name,
+        "engine.source.version": str(profile.engine.source.version.value),
+        "engine.serve.host": serve.host,
+        "engine.serve.served_model_name": serve.served_model_name,
+        "engine.serve.dtype": serve.dtype,
+        "engine.serve.attention_backend": serve.attention_backend,
+        "engine.serve.api_key.secret": serve.api_key.secret if serve.api_key else None,
+        **{f"engine.serve.extra_args[{i}]": a for i, a in enumerate(serve.extra_args)},
+        **{f"engine.env.{k}": v for k, v in profile.engine.env.items()},
+    }
+    for field, value in fields.items():
+        if value is not None:
+            _refuse_control(value, field, profile=profile)
+    for key in profile.engine.env:
+        if not ENV_NAME.fullmatch(key):
+            raise ProfileError(
+                f"profile {profile.name}: field engine.env: expected environment variable names (letters, digits "
+                f"and _, not starting with a digit), found {key!r}; nothing was written",
+                hint="rename the variable in the profile's engine.env",
+            )
+    for option, value in paths.items():
+        if value is not None:
+            _refuse_control(value, f"--{option.replace('_', '-')}")
 
 
 def systemd_quote(arg: str) -> str:
@@ -248,17 +351,97 @@ def render(
     python: str | None = None,
     profile_file: str | None = None,
     publish_host: str | None = None,
+    placeholder_ok: bool = False,
 ) -> RenderedUnit:
     """The profile's engine unit for a host laid out as `host` (default: the standard layout).
-    Container profiles need the image reference (by digest); the venv runtime runs `python`
-    (default: the specdeploy venv's, where the rehearsal installs the engine)."""
+    Container profiles need the image reference (by digest; `placeholder_ok`: or the placeholder
+    `image ensure --check` prints, for a check that writes nothing); the venv runtime runs `python`
+    (default: the specdeploy venv's, where the rehearsal installs the engine). Every refusal is
+    exit 2 and names the flag or the profile's field."""
     host = host or layout.HostLayout()
+    require_publish_host(publish_host)
+    require_renderable(
+        profile,
+        python=python,
+        profile_file=profile_file,
+        models_dir=str(host.models),
+        serving_dir=str(host.serving),
+        state_dir=str(host.state),
+        cache_dir=str(host.cache),
+    )
     if profile.engine.runtime == "container":
-        if image is None:
-            raise ValueError(f"profile {profile.name} runs in a container: pass the image reference (by digest)")
+        if python is not None:
+            raise UsageError(
+                f"--python {python}: profile {profile.name} runs its engine in a container (the image's python), "
+                "expected no --python; nothing was written",
+                hint="leave --python out for a container profile (it names a venv profile's engine venv)",
+            )
+        image = require_image_ref(image, profile, placeholder_ok=placeholder_ok)
         return render_quadlet(profile, image=image, host=host, profile_file=profile_file, publish_host=publish_host)
+    if image is not None:
+        raise UsageError(
+            f"--image {image}: profile {profile.name} runs its engine from a venv (engine.runtime venv), "
+            "expected no --image; nothing was written",
+            hint="leave --image out for a venv profile, or pass the container profile you meant",
+        )
     python = python or str(layout.InstallLayout().venv / "bin" / "python")
     return render_service(profile, python=python, host=host, profile_file=profile_file)
+
+
+def _probe_writable(directory: Path, *, what: str) -> None:
+    """Create and remove a file in `directory` (the atomic write's own first step), so that a
+    directory nothing can be written to is found before anything else is written."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".specdeploy-probe.", dir=directory)
+    except OSError as exc:
+        raise WriteError(
+            f"{what} {directory} cannot be written: {exc.strerror or exc}; nothing was written (no unit, no "
+            "profile copy, no rollback copy)",
+            hint="run as root on the host (the unit directory is root's), or remount it read-write",
+        ) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+
+
+def require_unit_dir(directory: Path, filename: str, *, check: bool = False) -> Path:
+    """Refuse, before anything is written, a unit directory the unit cannot go into: a file in
+    its place or a missing parent (exit 2: a wrong DEST; with `check`, only a file in the way),
+    a unit path that is not a file (exit 2), a directory nothing can be written to (exit 1; not
+    probed with `check`, which writes nothing)."""
+    directory = Path(directory)
+    hint = "pass the unit directory `specdeploy facts` names (unit.dir: /etc/containers/systemd or /etc/systemd/system)"
+    found = kind_of(directory)
+    if found is None:
+        if check:  # ansible-playbook --check on a fresh host: the runtime that makes the parent may not be there yet
+            require_dir_or_creatable(directory, option="unit directory")
+            return directory
+        parent = directory.parent
+        if kind_of(parent) != "a directory":
+            raise UsageError(
+                f"unit directory {directory}: expected a directory (or one to create in an existing directory), "
+                f"found nothing there and {kind_of(parent) or 'nothing'} at its parent {parent}; nothing was written",
+                hint=hint,
+            )
+        _probe_writable(parent, what="the parent of unit directory")
+        return directory
+    if found != "a directory":
+        raise UsageError(
+            f"unit directory {directory}: expected a directory, found {found}; nothing was written", hint=hint
+        )
+    path = directory / filename
+    found_unit = kind_of(path)
+    if found_unit is not None and found_unit != "a regular file":
+        masked = path.is_symlink() and os.readlink(path) == os.devnull
+        raise UsageError(
+            f"unit {path}: expected a regular file (or nothing, to create it), found {found_unit}"
+            + (" (the unit is masked)" if masked else "")
+            + "; nothing was written",
+            hint=f"systemctl unmask {layout.UNIT_NAME}" if masked else f"remove {path} (it is not a unit file)",
+        )
+    if not check:
+        _probe_writable(directory, what="unit directory")
+    return directory
 
 
 def install(unit: RenderedUnit, directory: Path, keeper: Keeper | None = None, *, check: bool = False) -> bool:
@@ -266,18 +449,45 @@ def install(unit: RenderedUnit, directory: Path, keeper: Keeper | None = None, *
 
     With a keeper, the unit being replaced (or its absence) is kept for a rollback first.
     With `check`, nothing is written: only whether it would change (`ansible-playbook --check`).
+    A unit that cannot be written leaves nothing behind: no unit, no rollback copy.
     """
+    require_unit_dir(directory, unit.filename, check=check)
     path = Path(directory) / unit.filename
-    if path.is_file() and path.read_text() == unit.text:
+    data = unit.text.encode()
+    if path.is_file() and path.read_bytes() == data:
         return False
     if check:
         return True
     atomic.ensure_dir(path.parent)
     staged = keeper.stage(path) if keeper else None
-    atomic.write_bytes(path, unit.text.encode())
+    try:
+        atomic.write_bytes(path, data)
+    except BaseException:
+        if staged:
+            staged.discard()
+        raise
     if staged:
         staged.commit()
     return True
+
+
+def require_dir_or_creatable(path: Path, *, option: str) -> Path:
+    """`path` when it is a directory or nothing yet under an existing directory (it is created
+    when written); a UsageError (exit 2) naming `option` and what is there otherwise."""
+    path = Path(path)
+    found = kind_of(path)
+    if found in (None, "a directory"):
+        ancestor = path
+        while kind_of(ancestor) is None and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if kind_of(ancestor) == "a directory":
+            return path
+        found = f"{kind_of(ancestor)} at {ancestor}"
+    raise UsageError(
+        f"{option} {path}: expected a directory (or a path where one can be created), found {found}; "
+        "nothing was written",
+        hint=f"pass a directory as {option} (`specdeploy facts` names the host's paths)",
+    )
 
 
 def profile_copy_path(source: Path, host: layout.HostLayout) -> Path:

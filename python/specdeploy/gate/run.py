@@ -12,25 +12,31 @@ left stale from an earlier run. The run's directory also holds the profile and l
 with; when the gate passes, `<state>/verified` is switched (one symlink flip) to that
 directory — the last stack proven to serve, which later stages (golden transcripts,
 migrations) read. A run that does not pass never touches it.
+
+Inputs are checked before anything is judged (issue 20): a run id that is not a plain name or a
+state directory that cannot hold the run's report is a usage error (exit 2) that changes
+nothing; a --startup-log that is not a regular, bounded file is refused at once (it was read
+only when the DFlash check ran, and a FIFO blocked it forever); an endpoint that is not a base
+URL ends the smoke's readiness at once, saying why. An answer that is not the engine's API is
+the smoke's "could not test" (exit 2) and rolls back like any other, never a crash (exit 70)
+that skipped the rollback.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from specdeploy.core import atomic, keeper, layout
-from specdeploy.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, SpecdeployError
+from specdeploy.core import atomic, files, keeper, layout
+from specdeploy.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, SpecdeployError, UsageError, WriteError
 from specdeploy.engine import secret, startup_log
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rollback import restore
@@ -62,26 +68,10 @@ EXIT_CODES = {
 EXIT_NOT_RESTORED = 4
 
 
-class Interrupted(BaseException):
-    """SIGTERM (from Ansible, systemd or `timeout`) arrived while the gate ran."""
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Turn SIGTERM into an exception, so the report is written before the process ends."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(signal.Signals(signum).name)
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+# SIGTERM (from Ansible, systemd or `timeout`) while the gate runs: the smoke's, so a smoke the
+# gate runs is interrupted the same way
+Interrupted = smoke.Interrupted
+_sigterm_interrupts = smoke.sigterm_interrupts
 
 
 @dataclass(frozen=True)
@@ -92,6 +82,7 @@ class GateOptions:
     rollback: bool = True
     api_key: str | None = None
     show_progress: bool = False
+    readiness_timeout_s: float | None = None  # default: the profile's smoke.readiness_timeout_s
 
 
 @dataclass
@@ -166,36 +157,59 @@ def new_run_id() -> str:
 
 def _claim(host: layout.HostLayout, run_id: str) -> Path:
     """The run's own directory; a run is gated once, so an existing report is never overwritten."""
-    if not run_id or "/" in run_id or run_id.startswith("."):
-        raise SpecdeployError(f"run id {run_id!r} is not a plain name", hint="use letters, digits, '-', '_' or '.'")
+    restore.check_run_id(run_id)
+    if host.state.exists() and not host.state.is_dir():
+        raise UsageError(
+            f"--state-dir {host.state}: expected a directory, found a file; the run's report cannot be kept there",
+            hint="pass the host's state directory (`specdeploy facts` shows it as paths.state)",
+        )
     directory = host.runs / run_id
-    if (directory / REPORT).exists():
+    if (directory / REPORT).exists() or (directory / REPORT).is_symlink():
         raise SpecdeployError(
             f"run {run_id} already has a gate report ({directory / REPORT})",
             hint="each deploy run is gated once; start a new run (a new --run-id)",
         )
-    atomic.ensure_dir(directory)
+    try:
+        atomic.ensure_dir(directory)
+    except WriteError as exc:
+        raise UsageError(
+            f"--state-dir {host.state}: the run's directory {directory} cannot be made ({exc.message}); "
+            "nothing was gated",
+            hint="pass a state directory this user can write to (root on a host)",
+        ) from None
     return directory
 
 
 def _keep_inputs(report: GateReport, profile_file: Path, profile: Profile, host: layout.HostLayout) -> None:
     """What this run is gated with, kept beside its report (and so in verified/ when it passes)."""
-    atomic.write_bytes(report.directory / f"{profile.name}.yaml", profile_file.read_bytes())
+    atomic.write_bytes(
+        report.directory / f"{profile.name}.yaml",
+        files.read_bytes(profile_file, what="profile", limit=files.LIMITS["yaml"]),
+    )
     if host.lock.is_file():
-        atomic.write_bytes(report.directory / host.lock.name, host.lock.read_bytes())
+        atomic.write_bytes(report.directory / host.lock.name, files.read_bytes(host.lock, what="lock file"))
 
 
-def _check_startup_log(profile: Profile, options: GateOptions, endpoint: str) -> dict[str, Any]:
+def _read_startup_log(path: Path) -> str:
+    """A saved engine log: a regular file within the text ceiling (a FIFO or a device is refused at
+    once); bytes that are not UTF-8 are replaced, as a journal would show them."""
+    data = files.read_bytes(
+        path, what="startup log", limit=files.LIMITS["text"], hint="pass --startup-log a saved engine log file"
+    )
+    return data.decode("utf-8", errors="replace")
+
+
+def _check_startup_log(profile: Profile, options: GateOptions, endpoint: str, log_text: str | None) -> dict[str, Any]:
     if profile.engine.speculative.method != "dflash":
         method = profile.engine.speculative.method
         return {"ok": True, "skipped": True, "message": f"{method}: no auxiliary-layer line to check"}
-    if options.log_file is not None:
-        check = startup_log.check_aux_layers(profile, options.log_file.read_text(errors="replace"))
+    if log_text is not None:
+        check = startup_log.check_aux_layers(profile, log_text)
     else:
         check = startup_log.check_unit(
             profile,
             options.unit,
-            timeout_s=profile.smoke.readiness_timeout_s,
+            timeout_s=options.readiness_timeout_s or profile.smoke.readiness_timeout_s,
             ready=startup_log.health_answers(endpoint),
         )
     return {
@@ -248,6 +262,7 @@ def run_gate(
     report.write()
     try:
         with _sigterm_interrupts():
+            log_text = _read_startup_log(options.log_file) if options.log_file is not None else None
             profile = load_profile(profile_file)
             report.profile = profile.name
             report.endpoint = options.endpoint or f"http://127.0.0.1:{profile.engine.serve.port}"
@@ -255,7 +270,7 @@ def run_gate(
             report.write()
             if options.api_key is None:  # the host's key file (engine.secret), as the engine reads it
                 options = dataclasses.replace(options, api_key=secret.read(profile, host))
-            _gate(report, profile, host, options, prove or _restore_and_prove(options.unit))
+            _gate(report, profile, host, options, prove or _restore_and_prove(options.unit), log_text)
     except (Interrupted, KeyboardInterrupt) as exc:
         signal_name = str(exc) or "SIGINT"
         if report.rolling_back:
@@ -297,13 +312,18 @@ def _gate(
     host: layout.HostLayout,
     options: GateOptions,
     prove: Callable[[layout.HostLayout, str], restore.Outcome],
+    log_text: str | None = None,
 ) -> None:
-    report.startup_log = _check_startup_log(profile, options, report.endpoint)
+    if problem := smoke.endpoint_problem(report.endpoint):  # the smoke's readiness says why, at once
+        report.startup_log = {"ok": True, "skipped": True, "message": f"not checked: the endpoint {problem}"}
+    else:
+        report.startup_log = _check_startup_log(profile, options, report.endpoint, log_text)
     report.write()
     if report.startup_log["ok"]:
         smoke_options = smoke.SmokeOptions(
             api_key=options.api_key,
             show_progress=options.show_progress,
+            readiness_timeout_s=options.readiness_timeout_s,
             engine_down=startup_log.unit_down(options.unit) if options.log_file is None else None,
         )
         result = smoke.run(profile, report.endpoint, smoke_options)

@@ -13,21 +13,28 @@ So the driver a spec was generated for is recorded when it is generated, in a st
 the spec, the stamp and the running driver: regenerate when the spec is missing, when no
 stamp says which driver it is for (once), when the stamp names another driver or another
 spec, and when the spec's sha256 is not the recorded one (someone replaced it); otherwise
-not. The running driver is what nvidia-smi reports, read with the query preflight uses.
+not. The running driver is what nvidia-smi reports, read with the query preflight uses
+(with a deadline: a hung driver is an error after `timeout` seconds, not a wait without end).
+
+Bad input found by trying, now each a named error (exit 2) before anything is written: a spec
+path that is a directory or a FIFO was reported as "does not exist" (and hashing a FIFO would
+block); a stamp that was a FIFO blocked `status` forever; a stamp path that was a directory, or
+a state directory that was a file, failed the write with "free space or remount".
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import os
+import stat
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import atomic
-from specdeploy.core.errors import SpecdeployError
-from specdeploy.host import gpus
+from specdeploy.core import atomic, files
+from specdeploy.core.errors import InputFileError, SpecdeployError
+from specdeploy.host import command, gpus
 
 STAMP_NAME = "cdi.json"  # under the host layout's <state>
 
@@ -81,15 +88,44 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_stamp(path: Path) -> Stamp | None:
-    """The stamp at `path`; None when there is none. A stamp that cannot be read or is not one
-    is a CdiError naming it (the caller decides: `check` regenerates once and records anew)."""
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def _not_a_file(path: Path) -> str | None:
+    """What is at `path` when it is there and not a regular file (a link is followed); else None."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        info = Path(path).stat()
+    except OSError:
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CdiError(f"the CDI stamp {path} is unreadable: {exc}") from None
+    kind = stat.S_IFMT(info.st_mode)
+    return None if kind == stat.S_IFREG else _KINDS.get(kind, "not a regular file")
+
+
+def read_stamp(path: Path) -> Stamp | None:
+    """The stamp at `path`; None when there is none. A stamp whose content cannot be read or is
+    not one is a CdiError naming it (the caller decides: `check` regenerates once and records
+    anew); one that is not a regular file (a directory, a FIFO) is an InputFileError (exit 2):
+    recording anew could not replace it."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return None
+    found = _not_a_file(path)
+    if found:
+        raise InputFileError(
+            f"the CDI stamp {path}: expected a file specdeploy writes, found {found}; nothing was decided",
+            hint=f"remove {path} (`specdeploy cdi record` writes it anew), then run this again",
+        )
+    try:
+        data = files.read_json(path, what="CDI stamp")
+    except InputFileError as exc:
+        detail = exc.message.removeprefix(f"CDI stamp {path}").lstrip(" :")
+        raise CdiError(f"the CDI stamp {path} is unreadable: {detail}") from None
     fields = ("driver_version", "spec", "spec_sha256", "recorded_at")
     if not isinstance(data, dict) or not all(isinstance(data.get(f), str) and data.get(f) for f in fields):
         raise CdiError(f"the CDI stamp {path} is not a stamp: it needs the strings {', '.join(fields)}")
@@ -107,6 +143,13 @@ def status(spec: Path, stamp: Stamp | None, driver_version: str, *, stamp_proble
     def decided(regenerate: bool, reason: str) -> CdiStatus:
         return CdiStatus(regenerate, reason, driver_version, recorded, str(spec))
 
+    found = _not_a_file(spec)
+    if found:
+        raise SpecMissingError(
+            f"the CDI spec {spec}: expected the YAML file nvidia-ctk generates, found {found}; "
+            "nvidia-ctk could not write the spec there",
+            hint=f"move {spec} away (or pass --spec the path gpu_runtime_cdi_spec names), then run this again",
+        )
     if not spec.is_file():
         return decided(True, f"the CDI spec {spec} does not exist; the host runs driver {driver_version}")
     if stamp is None:
@@ -136,7 +179,8 @@ def require_spec(spec: Path) -> Path:
     """The spec's path, when there is a spec file there to record."""
     spec = Path(spec)
     if not spec.is_file():
-        what = "is not a file" if spec.exists() else "does not exist"
+        found = _not_a_file(spec)
+        what = f"is not a file but {found}" if found else "does not exist"
         raise SpecMissingError(
             f"the CDI spec {spec} {what}: there is nothing to record",
             hint=f"generate it first (nvidia-ctk cdi generate --output {spec}), then record it",
@@ -148,6 +192,7 @@ def record(spec: Path, state_dir: Path, driver_version: str, *, now: datetime | 
     """Record that the spec at `spec` was just generated for `driver_version` (atomically,
     in `<state_dir>/cdi.json`)."""
     spec = require_spec(spec)
+    require_state_dir(state_dir)
     stamp = Stamp(
         driver_version=driver_version,
         spec=str(spec.absolute()),
@@ -198,17 +243,23 @@ def single_driver(versions: dict[str, str]) -> str:
     return distinct[0]
 
 
-def driver_version(nvidia_smi: str) -> str:
+def driver_version(nvidia_smi: str, *, timeout: float = command.DEFAULT_TIMEOUT_S) -> str:
     """The driver version the host runs, from the `--query-gpu` query preflight uses.
 
     A driver too old for one of its fields (compute_cap) rejects the whole query; `nvidia-smi
-    -q` then gives the driver version, as it does on every driver."""
+    -q` then gives the driver version, as it does on every driver. An nvidia-smi that hangs or
+    cannot be run is not asked twice."""
     try:
-        return single_driver(parse_driver_versions(gpus.run_nvidia_smi(nvidia_smi, *gpus.CAPABILITY_QUERY)))
-    except gpus.GpuQueryError:
-        pass
+        return single_driver(
+            parse_driver_versions(gpus.run_nvidia_smi(nvidia_smi, *gpus.CAPABILITY_QUERY, timeout=timeout))
+        )
+    except gpus.GpuQueryError as exc:
+        if exc.reason in ("missing", "not executable", "timeout", "output"):  # asking again would not help
+            raise gpus.GpuQueryError(
+                f"cannot read the driver version: {exc.message}", hint=exc.hint or _RESTART_HINT
+            ) from None
     try:
-        return gpus.parse_query(gpus.run_nvidia_smi(nvidia_smi, "-q")).driver_version
+        return gpus.parse_query(gpus.run_nvidia_smi(nvidia_smi, "-q", timeout=timeout)).driver_version
     except gpus.GpuQueryError as exc:
         raise gpus.GpuQueryError(
             f"cannot read the driver version: {exc.message}", hint=exc.hint or _RESTART_HINT
@@ -218,9 +269,33 @@ def driver_version(nvidia_smi: str) -> str:
 # --------------------------------------------------------------------------- the host's stamp
 
 
-def check(spec: Path, state_dir: Path, nvidia_smi: str) -> CdiStatus:
+def require_state_dir(state_dir: Path) -> Path:
+    """`state_dir` when it is a directory or not there yet (created on record); else exit 2."""
+    state_dir = Path(state_dir)
+    parent = state_dir
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InputFileError(
+            f"state directory {state_dir}: {parent} is a file, not a directory; nothing was written",
+            hint="pass --state-dir a directory (the host layout's state directory), or move that file away",
+        )
+    stamp = stamp_path(state_dir)
+    found = _not_a_file(stamp) if os.path.lexists(stamp) else None
+    if found:
+        raise InputFileError(
+            f"the CDI stamp {stamp}: expected a file specdeploy writes, found {found}; nothing was written",
+            hint=f"remove {stamp}, then run this again",
+        )
+    return state_dir
+
+
+def check(spec: Path, state_dir: Path, nvidia_smi: str, *, timeout: float = command.DEFAULT_TIMEOUT_S) -> CdiStatus:
     """`status` for this host: its stamp under `state_dir` and the driver nvidia-smi reports."""
-    running = driver_version(nvidia_smi)
+    require_state_dir(state_dir)
+    if _not_a_file(spec):
+        status(spec, None, "unknown")  # refuses the spec before nvidia-smi runs
+    running = driver_version(nvidia_smi, timeout=timeout)
     try:
         stamp, problem = read_stamp(stamp_path(state_dir)), None
     except CdiError as exc:
@@ -228,7 +303,11 @@ def check(spec: Path, state_dir: Path, nvidia_smi: str) -> CdiStatus:
     return status(spec, stamp, running, stamp_problem=problem)
 
 
-def record_running(spec: Path, state_dir: Path, nvidia_smi: str) -> Stamp:
-    """`record` for the driver nvidia-smi reports now (the spec is checked first)."""
-    spec = require_spec(spec)  # refused before nvidia-smi runs
-    return record(spec, state_dir, driver_version(nvidia_smi))
+def record_running(
+    spec: Path, state_dir: Path, nvidia_smi: str, *, timeout: float = command.DEFAULT_TIMEOUT_S
+) -> Stamp:
+    """`record` for the driver nvidia-smi reports now (the spec and the state directory are
+    checked first: refused before nvidia-smi runs)."""
+    spec = require_spec(spec)
+    require_state_dir(state_dir)
+    return record(spec, state_dir, driver_version(nvidia_smi, timeout=timeout))

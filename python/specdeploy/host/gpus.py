@@ -6,15 +6,21 @@ on real hosts, tests/data/nvidia-smi). Driver R610+ renamed the header fields
 `topo -m`'s header with ANSI escapes even into a pipe, which hid the whole matrix: escapes
 are stripped first. The compute capability comes from the driver's own `compute_cap` field;
 the product-name table below is only for drivers too old to report it.
+
+Every parser takes whatever a program printed — an nvidia-smi that is a wrapper, a stand-in or
+broken prints anything — and answers either with what it read or with a GpuQueryError naming
+the field, what was expected and what was found (a count that is not a number ended in a
+traceback; property tests feed them arbitrary text). nvidia-smi itself runs with a deadline
+(host.command): one that hangs is reported after `timeout` seconds, never waited on forever.
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass, field
 
 from specdeploy.core.errors import SpecdeployError
+from specdeploy.host import command
 
 # Compute capability by product name (NVIDIA, "CUDA GPUs - Compute Capability",
 # developer.nvidia.com/cuda-gpus). Matched as substrings, longest first.
@@ -49,7 +55,14 @@ COMPUTE_CAPABILITY = {
 
 
 class GpuQueryError(SpecdeployError):
-    """nvidia-smi is missing or printed something preflight cannot read."""
+    """nvidia-smi is missing, cannot be run, hangs, or printed something preflight cannot read.
+    `reason`: "missing", "not executable", "timeout" or "output" (host.command), "failed" (a
+    non-zero exit), "unreadable" (printed something the parser cannot read)."""
+
+    reason = "unreadable"
+
+
+_DRIVER_HINT = "check the NVIDIA driver with `nvidia-smi`; reinstall it if that fails"
 
 
 @dataclass(frozen=True)
@@ -102,14 +115,29 @@ def parse_query(text: str) -> GpuInventory:
             top[key] = value
         elif bus is not None and key == "Product Name":
             gpus.append(Gpu(bus, value))
-    driver = top.get("Driver Version") or top.get("KMD Version")
-    if not driver or not re.match(r"^\d+\.", driver):
+    if not text.strip():
         raise GpuQueryError(
-            "nvidia-smi -q printed no driver version",
-            hint="check the NVIDIA driver with `nvidia-smi`; reinstall it if that fails",
+            "nvidia-smi -q printed nothing: expected the driver version and the GPUs", hint=_DRIVER_HINT
+        )
+    driver = top.get("Driver Version") or top.get("KMD Version")
+    if not driver or not re.match(r"^[0-9]+\.", driver):
+        found = f"found {driver!r}" if driver else "found none"
+        raise GpuQueryError(
+            f"nvidia-smi -q printed no driver version (field Driver Version: expected a version like 580.82.07, "
+            f"{found})",
+            hint=_DRIVER_HINT,
         )
     cuda = top.get("CUDA Version") or top.get("CUDA UMD Version")
-    attached = int(top.get("Attached GPUs", len(gpus)))
+    count = top.get("Attached GPUs")
+    if count is None:
+        attached = len(gpus)
+    elif re.fullmatch(r"[0-9]{1,4}", count):
+        attached = int(count)
+    else:
+        raise GpuQueryError(
+            f"nvidia-smi -q: field Attached GPUs: expected a number, found {count[:80]!r}; the GPUs cannot be counted",
+            hint=f"{_DRIVER_HINT}; check that --nvidia-smi names the real nvidia-smi, not a wrapper",
+        )
     return GpuInventory(driver, None if cuda in (None, "N/A", "Not Found") else cuda, attached, gpus)
 
 
@@ -174,15 +202,29 @@ def without_nvlink(links: dict[tuple[int, int], str], count: int) -> list[tuple[
     ]
 
 
-def run_nvidia_smi(binary: str, *args: str) -> str:
-    """Run nvidia-smi; a missing binary or a failure is a GpuQueryError naming the fix."""
+def run_nvidia_smi(binary: str, *args: str, timeout: float = command.DEFAULT_TIMEOUT_S) -> str:
+    """Run nvidia-smi for at most `timeout` seconds; a missing binary, one that cannot be run,
+    hangs or fails is a GpuQueryError naming the fix."""
     try:
-        done = subprocess.run([binary, *args], capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        raise GpuQueryError(
-            f"{binary} not found: no NVIDIA driver on this host",
-            hint="install the NVIDIA driver (R535 or newer for CUDA 12 images) and reboot",
-        ) from None
+        done = command.run([binary, *args], timeout=timeout)
+    except command.ProgramRunError as exc:
+        hints = {
+            "missing": "install the NVIDIA driver (R535 or newer for CUDA 12 images) and reboot",
+            "not executable": f"pass --nvidia-smi the path of the driver's nvidia-smi (chmod +x {binary} if it is)",
+            "timeout": "the driver does not answer: check `dmesg` for Xid errors and `nvidia-smi` by hand; a hung "
+            "driver needs a reboot (or pass a longer --timeout)",
+            "output": "check that --nvidia-smi names the real nvidia-smi",
+        }
+        message = f"{binary} not found: no NVIDIA driver on this host" if exc.reason == "missing" else exc.message
+        error = GpuQueryError(message, hint=hints.get(exc.reason))
+        error.reason = exc.reason
+        raise error from None
     if done.returncode != 0:
-        raise GpuQueryError(f"{binary} {' '.join(args)} failed (exit {done.returncode}): {done.stderr.strip()[:200]}")
+        error = GpuQueryError(
+            f"{binary} {' '.join(args)} failed (exit {done.returncode}): {done.stderr.strip()[:200]}",
+            hint="check the NVIDIA driver with `nvidia-smi`; after a driver upgrade, reboot (or reload the nvidia "
+            "kernel modules) so the kernel module matches the libraries; reinstall the driver if that fails",
+        )
+        error.reason = "failed"
+        raise error
     return done.stdout

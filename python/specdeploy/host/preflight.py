@@ -2,6 +2,12 @@
 
 Each check names what it found, what the profile needs and how to fix it. Failures stop
 the deploy; warnings (a GPU pair without NVLink) are printed and the deploy goes on.
+
+Every program a check runs (nvidia-smi, podman, apt-cache, systemctl) runs with a deadline
+(`Options.timeout_s`, host.command): one that hangs, cannot be run or prints garbage is a
+failed check naming it, never a traceback or a wait without end. A check that does not apply
+says so (`skip`) instead of "ok" with a placeholder: the NVLink check on a host with fewer GPUs
+than tensor_parallel_size said "ok, NVLink: ?".
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import pwd
 import re
 import shutil
 import socket
-import subprocess
+import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -20,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from specdeploy.core import layout
-from specdeploy.host import cuda, gpus
+from specdeploy.host import command, cuda, gpus
 from specdeploy.profile import Profile
 
 GIB = 1024**3
@@ -64,6 +70,7 @@ class Options:
     weights_source: str = "hub"  # "archive": weights arrive without the hub; no token needed
     token_present: bool = False
     models_dir: Path = layout.HostLayout().models
+    timeout_s: float = command.DEFAULT_TIMEOUT_S  # for each program a check runs
 
 
 # --------------------------------------------------------------------------- GPU checks
@@ -84,17 +91,17 @@ def gpu_checks(profile: Profile, options: Options) -> list[Check]:
         return [Check("gpus", Level.skip, "CPU profile", "no GPU")]
     tp = profile.engine.serve.tensor_parallel_size
     try:
-        inventory = gpus.parse_query(gpus.run_nvidia_smi(options.nvidia_smi, "-q"))
+        inventory = gpus.parse_query(gpus.run_nvidia_smi(options.nvidia_smi, "-q", timeout=options.timeout_s))
     except gpus.GpuQueryError as exc:
         return [Check("gpus", Level.fail, exc.message, f">= {tp} NVIDIA GPU(s)", exc.hint or "")]
     # the driver's own compute capability; drivers without the field fall back to the name table
     with contextlib.suppress(gpus.GpuQueryError):
-        reported = gpus.run_nvidia_smi(options.nvidia_smi, *gpus.CAPABILITY_QUERY)
+        reported = gpus.run_nvidia_smi(options.nvidia_smi, *gpus.CAPABILITY_QUERY, timeout=options.timeout_s)
         gpus.with_capabilities(inventory, gpus.parse_capabilities(reported))
     names = ", ".join(sorted({g.name for g in inventory.gpus})) or "names not shown"
     checks = [_count_check(inventory, tp, names), *_capability_checks(profile, inventory)]
     checks.append(_driver_check(profile, inventory))
-    checks.append(_nvlink_check(profile, options, tp))
+    checks.append(_nvlink_check(profile, options, tp, inventory.attached))
     return checks
 
 
@@ -154,23 +161,44 @@ def _driver_check(profile: Profile, inventory: gpus.GpuInventory) -> Check:
     )
 
 
-def _nvlink_check(profile: Profile, options: Options, tp: int) -> Check:
+def _nvlink_check(profile: Profile, options: Options, tp: int, attached: int) -> Check:
     if tp < 2:
         return Check("nvlink", Level.skip, "tensor_parallel_size 1", "no GPU-to-GPU traffic")
+    if attached < tp:  # the gpu count check fails already; there is no tensor-parallel group to judge
+        return Check(
+            "nvlink",
+            Level.skip,
+            f"{attached} GPU(s) attached: no group of {tp} GPUs to check (see gpu count)",
+            f"NVLink between GPUs 0-{tp - 1}",
+        )
     try:
-        links = gpus.parse_topology(gpus.run_nvidia_smi(options.nvidia_smi, "topo", "-m"))
+        topology = gpus.run_nvidia_smi(options.nvidia_smi, "topo", "-m", timeout=options.timeout_s)
+        links = gpus.parse_topology(topology)
     except gpus.GpuQueryError as exc:
         return Check("nvlink", Level.warn, f"topology unreadable: {exc.message}", "NVLink between the TP GPUs")
     return nvlink_verdict(links, tp, profile.engine.serve.disable_custom_all_reduce)
 
 
 def nvlink_verdict(links: dict[tuple[int, int], str], tp: int, custom_all_reduce_off: bool | None) -> Check:
-    pcie = gpus.without_nvlink(links, tp)
+    """ok only when `topo -m` shows NVLink between every pair of the first `tp` GPUs; a pair it
+    does not show is reported as unknown (a warning), never counted as NVLink."""
     expected = f"NVLink between GPUs 0-{tp - 1}"
-    if not pcie:
+    if tp < 2:
+        return Check("nvlink", Level.skip, f"tensor_parallel_size {tp}", "no GPU-to-GPU traffic")
+    group = [(i, j) for i in range(tp) for j in range(i + 1, tp)]
+    unknown = [(i, j) for i, j in group if (i, j) not in links]
+    if unknown:
+        shown = ", ".join(f"GPU{i}-GPU{j}" for i, j in unknown[:6]) + (" ..." if len(unknown) > 6 else "")
         return Check(
-            "nvlink", Level.ok, "NVLink: " + ", ".join(sorted({links.get((0, j), "?") for j in range(1, tp)})), expected
+            "nvlink",
+            Level.warn,
+            f"nvidia-smi topo -m shows no link between {shown}: unknown whether they have NVLink",
+            expected,
+            "check `nvidia-smi topo -m` on the host: it should list every GPU tensor parallelism uses",
         )
+    pcie = gpus.without_nvlink(links, tp)
+    if not pcie:
+        return Check("nvlink", Level.ok, "NVLink: " + ", ".join(sorted({links[pair] for pair in group})), expected)
     pairs = ", ".join(f"GPU{i}-GPU{j} over {link}" for i, j, link in pcie)
     fix = "vLLM #41190: the PR #40898 build crashed at TP=2 without NVLink (illegal address); "
     fix += (
@@ -191,9 +219,15 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def _tree_bytes(path: Path) -> int:
-    if not path.is_dir():
-        return 0
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    """Bytes of the regular files under `path` (links not followed; a file gone meanwhile counts 0)."""
+    total = 0
+    for directory, _, names in os.walk(path):
+        for name in names:
+            with contextlib.suppress(OSError):
+                info = os.lstat(os.path.join(directory, name))
+                if stat.S_ISREG(info.st_mode):
+                    total += info.st_size
+    return total
 
 
 def disk_check(profile: Profile, options: Options) -> Check:
@@ -229,11 +263,11 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in match.groups() if x is not None) if match else ()
 
 
-def _apt_candidate(apt_cache: str, package: str) -> str | None:
+def _apt_candidate(apt_cache: str, package: str, timeout: float) -> str | None:
     """The version `apt-get install package` would install, or None (no apt, or no candidate)."""
     try:
-        done = subprocess.run([apt_cache, "policy", package], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+        done = command.run([apt_cache, "policy", package], timeout=timeout)
+    except command.ProgramRunError:
         return None
     match = re.search(r"Candidate:\s*(\S+)", done.stdout)
     return match.group(1) if match and match.group(1) != "(none)" else None
@@ -250,9 +284,17 @@ def podman_check(profile: Profile, options: Options) -> Check:
         f"use a distribution whose podman is {minimum}+ (Debian trixie ships 5.4; bookworm ships 4.3, Ubuntu 24.04 4.9)"
     )
     try:
-        done = subprocess.run([options.podman, "--version"], capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        candidate = _apt_candidate(options.apt_cache, "podman")
+        done = command.run([options.podman, "--version"], timeout=options.timeout_s)
+    except command.ProgramRunError as exc:
+        if exc.reason != "missing":  # there, but it cannot be run, hangs or floods: not a podman to use
+            return Check(
+                "podman",
+                Level.fail,
+                exc.message,
+                expected,
+                f"pass --podman the path of a working podman (`podman --version` must answer), or {upgrade}",
+            )
+        candidate = _apt_candidate(options.apt_cache, "podman", options.timeout_s)
         if candidate is None:
             return Check("podman", Level.fail, "podman not installed, and apt offers none", expected, upgrade)
         found = f"podman not installed yet; gpu_runtime installs podman {candidate} (apt candidate)"
@@ -280,12 +322,12 @@ def _listeners(port: int) -> dict[str, int]:
     return found
 
 
-def _unit_user_uid(unit: str) -> int | None:
-    """The uid an active unit runs as (None when the unit is not active)."""
+def _unit_user_uid(unit: str, timeout: float) -> int | None:
+    """The uid an active unit runs as (None when the unit is not active, or systemd cannot say)."""
     show = ["systemctl", "show", "--property=ActiveState,User", unit]
     try:
-        done = subprocess.run(show, capture_output=True, text=True, timeout=30)
-    except FileNotFoundError:
+        done = command.run(show, timeout=timeout)
+    except command.ProgramRunError:
         return None
     props = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     if props.get("ActiveState") != "active":
@@ -338,7 +380,7 @@ def port_check(profile: Profile, options: Options) -> Check:
     if not owners and listeners:
         # Processes of another user hide their sockets without CAP_SYS_PTRACE (containers):
         # fall back to the socket's owner, which must be the user the active engine runs as.
-        uid = _unit_user_uid(options.unit)
+        uid = _unit_user_uid(options.unit, options.timeout_s)
         if uid is not None and set(listeners.values()) == {uid}:
             return Check("port", Level.ok, f"{port} held by the running {options.unit} (uid {uid})", expected)
     who = "; ".join(f"pid {pid} ({cmd[:80]})" for pid, cmd, _ in owners)

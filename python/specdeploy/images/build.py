@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import shlex
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.errors import ProgramError, SpecdeployError, UsageError
 from specdeploy.host import cuda
+from specdeploy.images import podman as podman_exe
 from specdeploy.profile import Profile
 from specdeploy.profile.lock import Lock, require
 
@@ -41,6 +40,40 @@ class ImageError(SpecdeployError):
     """A build or check the profile forbids, or podman failing."""
 
 
+class NoImageError(ImageError):
+    """The profile runs no container image (venv runtime): an image command was given the wrong
+    profile, bad input (exit 2)."""
+
+    exit_code = 2
+
+
+def require_image(profile: Profile) -> None:
+    """Refuse a profile without a container image before anything runs."""
+    if profile.engine.image is None:
+        raise NoImageError(
+            f"profile {profile.name}: expected a container profile (engine.runtime: container with engine.image), "
+            f"found engine.runtime {profile.engine.runtime}: there is no image to build or check",
+            hint="pass a container profile (e.g. cpu-rehearsal-container, a6000-dflash); a venv profile's engine "
+            "is installed with `specdeploy engine venv`",
+        )
+
+
+DRIVER_VERSION = re.compile(r"[0-9]{2,4}(?:\.[0-9]+){0,3}")
+
+
+def require_driver_version(driver_version: str) -> str:
+    """`--driver` as nvidia-smi prints it (`550.127.05`), or a UsageError naming it."""
+    value = driver_version.strip()
+    if not DRIVER_VERSION.fullmatch(value):
+        raise UsageError(
+            f"--driver {driver_version!r}: expected the NVIDIA driver version as nvidia-smi prints it "
+            "(e.g. 550.127.05), found something else; nothing was built",
+            hint="pass the output of `nvidia-smi --query-gpu=driver_version --format=csv,noheader` "
+            "(first line), or leave --driver out",
+        )
+    return value
+
+
 def known_bad_reason(profile: Profile) -> str | None:
     """Why the profile's own engine version or commit must not be built, if it must not."""
     source = profile.engine.source
@@ -55,9 +88,10 @@ def known_bad_reason(profile: Profile) -> str | None:
 
 def check_driver(profile: Profile, driver_version: str) -> None:
     """Refuse an image whose CUDA needs a newer driver than the host has."""
+    require_image(profile)
     assert profile.engine.image is not None
     base = profile.engine.image.base.name
-    branch = int(driver_version.split(".")[0])
+    branch = int(require_driver_version(driver_version).split(".")[0])
     needed = cuda.min_driver_branch(base)
     if needed and branch < needed:
         raise ImageError(
@@ -72,11 +106,28 @@ def check_driver(profile: Profile, driver_version: str) -> None:
 
 def podman_cmd(podman: str) -> list[str]:
     """`podman` may carry global flags, e.g. "podman --runtime runc --cgroup-manager=cgroupfs"."""
-    return shlex.split(podman)
+    return podman_exe.command(podman)
 
 
 def podman_run(podman: str, *args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*podman_cmd(podman), *args], capture_output=capture, text=True)
+    """podman `args`; a podman that is missing or cannot run is a ProgramError (exit 2)."""
+    return podman_exe.run(podman, *args, capture=capture)
+
+
+def require_context(profile: Profile, context: Path) -> Path:
+    """The build context (a directory holding the profile's Containerfile), or an exit-2
+    refusal naming --context and what is there instead — before podman or the lock is touched."""
+    assert profile.engine.image is not None
+    hint = "pass the specdeploy checkout (or the build context the images role copies) as --context"
+    podman_exe.directory(context, option="--context", what="the build context", hint=hint)
+    containerfile = profile.engine.image.containerfile
+    podman_exe.regular_file(
+        Path(context) / containerfile,
+        option="--context",
+        what=f"the profile's Containerfile {containerfile} in the build context",
+        hint=hint,
+    )
+    return context
 
 
 def resolve_base_digest(profile: Profile, lock: Lock, podman: str) -> str:
@@ -154,9 +205,9 @@ def label_args(profile: Profile, base_digest: str) -> dict[str, str]:
 
 def build_args(profile: Profile, *, base_digest: str, merge_base: str | None) -> dict[str, str]:
     """Every build arg for the profile's Containerfile, all from the profile (and lock)."""
+    require_image(profile)
     image = profile.engine.image
-    if image is None:
-        raise ImageError(f"profile {profile.name} runs no container image (runtime {profile.engine.runtime})")
+    assert image is not None
     source = profile.engine.source
     args = {"BASE_IMAGE": f"{image.base.name}@{base_digest}", **label_args(profile, base_digest)}
     if profile.engine.kind == "vllm" and source.git_repo:
@@ -216,12 +267,12 @@ def build(
     """Refuse known-bad pins, resolve what the lock lacks, then run podman build."""
     if reason := known_bad_reason(profile):
         raise ImageError(f"profile {profile.name}: refusing to build: {reason}")
-    if profile.engine.image is None:
-        raise ImageError(f"profile {profile.name} runs no container image")
+    require_image(profile)
     if driver_version:
         check_driver(profile, driver_version)
-    if shutil.which(podman_cmd(podman)[0]) is None and not dry_run:
-        raise ImageError(f"{podman} not found", hint="install podman >= 4.5 (the gpu_runtime role does)")
+    if not dry_run:
+        podman_exe.require(podman)
+    require_context(profile, context)
     if dry_run:
         base_digest = require(profile, "engine.image.base.digest", lock) if _resolved(profile, lock) else "<unresolved>"
         merge_base = _merge_base_if_any(profile, lock, resolve=False)
@@ -236,7 +287,12 @@ def build(
     # podman's build log goes to stderr: stdout is the command's result (`image ensure` prints the
     # JSON the images role parses; a build log before it broke every first build on a host)
     # (file descriptor 2 itself: sys.stderr may be a stream with no descriptor, e.g. under a CLI test runner)
-    done = subprocess.run(argv, text=True, stdout=2)
+    try:
+        done = subprocess.run(argv, text=True, stdout=2)
+    except OSError as exc:
+        raise ProgramError(
+            f"--podman {podman}: cannot run it: {exc.strerror or exc}; nothing was built", hint=podman_exe.INSTALL_HINT
+        ) from None
     if done.returncode != 0:
         raise ImageError(f"podman build failed (exit {done.returncode}) for {image_tag(profile)}; see the output above")
     image_id = local_id(image_tag(profile), podman)

@@ -15,10 +15,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeploy.core.errors import ProgramError, UsageError
 from specdeploy.core.layout import GUARDS_IN_IMAGE
 from specdeploy.host import cuda
 from specdeploy.images import build
-from specdeploy.images.build import LABEL_ARGS, ImageError, image_tag, label_args, podman_run
+from specdeploy.images import podman as podman_exe
+from specdeploy.images.build import LABEL_ARGS, ImageError, image_tag, label_args, podman_run, require_image
 from specdeploy.images.guards import same_release
 from specdeploy.profile import Profile
 from specdeploy.profile.lock import Lock, require
@@ -27,6 +29,7 @@ from specdeploy.profile.lock import Lock, require
 # lock knows it yet (an image built elsewhere, loaded or pulled here first)
 UNRECORDED_BASE = "(unrecorded: taken from the image)"
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+SOURCES = ("build", "pull", "archive")
 
 
 @dataclass
@@ -46,9 +49,15 @@ def inspect_inside(image: str, podman: str) -> dict[str, str | None]:
             hint="images built from this repository's Containerfiles carry the guard: specdeploy image build",
         )
     try:
-        return json.loads(done.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError):
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError, RecursionError):
         raise ImageError(f"{image}: the guard's inspect printed no JSON: {done.stdout.strip()[-200:]!r}") from None
+    if not isinstance(found, dict):
+        raise ImageError(
+            f"{image}: the guard's inspect printed JSON {type(found).__name__}, expected an object: "
+            f"{done.stdout.strip()[-200:]!r}"
+        )
+    return {str(k): None if v is None else str(v) for k, v in found.items()}
 
 
 def inside_rows(image: str, profile: Profile, podman: str) -> list[LabelCheck]:
@@ -73,10 +82,11 @@ def inside_rows(image: str, profile: Profile, podman: str) -> list[LabelCheck]:
 def check(image: str, profile: Profile, *, lock: Lock, podman: str = "podman") -> list[LabelCheck]:
     """Compare a built image's labels with what the profile (and lock) say it must contain,
     then what it does contain (`inside_rows`)."""
+    require_image(profile)
     done = podman_run(podman, "image", "inspect", "--format", "{{json .Labels}}", image)
     if done.returncode != 0:
         raise ImageError(f"no image {image}: {done.stderr.strip()[-200:]}", hint="build it with specdeploy image build")
-    labels = json.loads(done.stdout or "{}") or {}
+    labels = _labels(done.stdout, podman, image)
     base_digest = lock.value(profile.name, "engine.image.base.digest")
     if profile.engine.image and profile.engine.image.base.digest.resolved:
         base_digest = profile.engine.image.base.digest.value
@@ -91,6 +101,24 @@ def check(image: str, profile: Profile, *, lock: Lock, podman: str = "podman") -
             continue
         rows.append(LabelCheck(label, expected[arg], found, found == expected[arg]))
     return rows + inside_rows(image, profile, podman)
+
+
+def _labels(printed: str, podman: str, image: str) -> dict[str, str]:
+    """The labels `podman image inspect --format '{{json .Labels}}'` printed (null: none), or a
+    ProgramError naming what it printed instead: a podman that is not podman, never a traceback."""
+    try:
+        labels = json.loads(printed or "null")
+    except (json.JSONDecodeError, RecursionError):
+        labels = printed  # not JSON at all: refused below like any other non-object
+    if labels is None:
+        return {}
+    if not isinstance(labels, dict):
+        raise ProgramError(
+            f"--podman {podman}: `image inspect --format '{{{{json .Labels}}}}' {image}` printed "
+            f"{printed.strip()[:200]!r}, expected a JSON object of labels: this is not a podman specdeploy can use",
+            hint=podman_exe.INSTALL_HINT,
+        )
+    return {str(k): str(v) for k, v in labels.items() if v is not None}
 
 
 def record_base_digest(profile: Profile, labels: list[LabelCheck], lock: Lock, *, by: str) -> None:
@@ -123,6 +151,56 @@ def load_base(profile: Profile, archive: Path, podman: str) -> None:
         raise ImageError(f"{archive} does not hold {name}", hint=f"podman save -o FILE {name}")
 
 
+def require_inputs(
+    profile: Profile,
+    *,
+    source: str,
+    context: Path | None,
+    archive: Path | None,
+    base_archive: Path | None,
+    podman: str,
+    driver_version: str | None,
+    only_report: bool,
+) -> None:
+    """Every cheap refusal before podman runs or the lock is touched (exit 2, naming the option):
+    the profile runs no image, an unknown --source, a --driver that is no driver version, a podman
+    that is missing or not executable, and — unless only reporting (`--check`: the images role
+    copies nothing then) — the input the source reads: the build context, the archive."""
+    require_image(profile)
+    assert profile.engine.image is not None
+    if source not in SOURCES:
+        raise UsageError(
+            f"--source {source!r}: expected one of {', '.join(SOURCES)}; nothing was done",
+            hint="--source build (from the Containerfiles, with --context), pull (by the profile's digest) "
+            "or archive (a `podman save` file, with --archive)",
+        )
+    if driver_version:
+        build.require_driver_version(driver_version)
+    podman_exe.require(podman)
+    if only_report:
+        return
+    tag = image_tag(profile)
+    if source == "build":
+        if context is None:
+            raise UsageError(
+                "--source build needs --context: the build context holding the profile's Containerfile",
+                hint="pass --context DIR (the images role passes the context it copies)",
+            )
+        build.require_context(profile, context)
+        if base_archive is not None:
+            podman_exe.regular_file(
+                base_archive,
+                option="--base-archive",
+                what=f"an archive of the base image {profile.engine.image.base.name}",
+                hint=f"export it where the base exists: podman save -o FILE {profile.engine.image.base.name}",
+            )
+    elif source == "archive":
+        hint = f"export it where the image was built: podman save -o FILE {tag}"
+        if archive is None:
+            raise UsageError("--source archive needs --archive: the image archive to load", hint=hint)
+        podman_exe.regular_file(archive, option="--archive", what=f"an image archive holding {tag}", hint=hint)
+
+
 @dataclass
 class Ensured:
     tag: str
@@ -151,8 +229,17 @@ def ensure(
     """Make the profile's image present on this host — built from the Containerfile, pulled by
     the pinned digest, or loaded from an archive (air-gapped sites) — then prove its labels
     match the profile and return the reference by digest the engine unit must run."""
-    if profile.engine.image is None:
-        raise ImageError(f"profile {profile.name} runs no container image (runtime {profile.engine.runtime})")
+    require_inputs(
+        profile,
+        source=source,
+        context=context,
+        archive=archive,
+        base_archive=base_archive,
+        podman=podman,
+        driver_version=driver_version,
+        only_report=only_report,
+    )
+    assert profile.engine.image is not None
     tag = image_tag(profile)
     action = "present"
     if only_report:  # `ansible-playbook --check`: say what would happen, change nothing (no lock record)
@@ -164,8 +251,7 @@ def ensure(
         )
     if build.local_digest(tag, podman) is None:
         if source == "build":
-            if context is None:
-                raise ImageError("images source 'build' needs the build context (the Containerfiles)")
+            assert context is not None
             if base_archive is not None:
                 load_base(profile, base_archive, podman)
             build.build(profile, lock=lock, context=context, podman=podman, driver_version=driver_version)
@@ -178,17 +264,11 @@ def ensure(
             podman_run(podman, "tag", f"{profile.engine.image.name}@{digest}", tag)
             action = "pulled"
         elif source == "archive":
-            if archive is None or not Path(archive).is_file():
-                raise ImageError(
-                    f"images source 'archive': no archive at {archive}",
-                    hint="export it where the image was built: podman save -o FILE " + tag,
-                )
+            assert archive is not None
             loaded = podman_run(podman, "load", "--input", str(archive))
             if loaded.returncode != 0:
                 raise ImageError(f"podman load {archive} failed: {loaded.stderr.strip()[-300:]}")
             action = "loaded"
-        else:
-            raise ImageError(f"images source: expected build, pull or archive, found {source!r}")
     digest = build.local_digest(tag, podman)
     if digest is None:
         raise ImageError(

@@ -7,6 +7,11 @@ at the top level, newer ones inside `dflash_config`; `mask_token_id` and
 Profiles name fields by their *logical* name and this module finds them, so a profile
 never depends on one dialect — and each field carries the consequence of getting it
 wrong, because "mismatch" alone does not tell an operator why it matters.
+
+A field set in two places with different values (top-level `block_size: 4` beside
+`dflash_config.block_size: 16`) is a contradiction, not a dialect: engines read different
+places, so the drafter would run with a value its pins were never checked against.
+`conflict` finds every such field so verification refuses it naming both places.
 """
 
 from __future__ import annotations
@@ -123,3 +128,32 @@ def find(config: dict[str, Any], name: str) -> tuple[str | None, Any]:
         if value is not _MISSING and value is not None:
             return path, value
     return None, None
+
+
+def places(config: dict[str, Any], name: str) -> list[tuple[str, Any]]:
+    """Every (path, value) at which a logical field is set, in lookup order (null counts as unset)."""
+    found = []
+    for path in FIELDS[name].paths:
+        value = _lookup(config, path)
+        if value is not _MISSING and value is not None:
+            found.append((path, value))
+    return found
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Equal as an engine would read them: 10000000 and 10000000.0 agree; true and 1 do not."""
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def conflict(config: dict[str, Any], name: str) -> list[tuple[str, Any]]:
+    """The places a field is set with differing values ([] when set once, or everywhere alike)."""
+    found = places(config, name)
+    if all(_equal(found[0][1], value) for _, value in found[1:]):
+        return []
+    return found
+
+
+MULTI_PLACE = tuple(name for name, f in FIELDS.items() if len(f.paths) > 1)

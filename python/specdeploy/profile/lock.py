@@ -4,6 +4,12 @@ A gated file's hash, an image digest, a merge-base are `unresolved` in the profi
 stage that first fetches or builds one records it here (trust on first verified use), and
 every later run, mirror and migration must match it — a drift is an error, never a silent
 update. The file is JSON, written atomically, one section per profile.
+
+A lock that is not one (tried as a hostile environment would: a list, an object without its
+keys, bytes that are not UTF-8, a file cut short, a FIFO, a directory) is refused when it is
+opened, before any stage runs, as a `LockFileError` (exit 2) naming the file, the entry and
+what was found: the whole document's shape is checked here, so no stage meets a malformed
+entry later (a KeyError or a TypeError deep in a fetch).
 """
 
 from __future__ import annotations
@@ -11,11 +17,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import atomic
-from specdeploy.core.errors import LockMismatchError, SpecdeployError, UnresolvedPinError
+from specdeploy.core import atomic, files
+from specdeploy.core.errors import InputFileError, LockFileError, LockMismatchError, SpecdeployError, UnresolvedPinError
 from specdeploy.profile.schema import Profile, iter_pins
 
 LOCK_SCHEMA = 1
@@ -33,20 +40,36 @@ class Lock:
         self.data = self._read()
 
     def _read(self) -> dict[str, Any]:
-        if not self.path.exists():
-            return {"schema_version": LOCK_SCHEMA, "profiles": {}}
+        if "\0" in str(self.path):
+            raise LockFileError(f"lock file {str(self.path)!r}: a path cannot hold a NUL character", hint=_PATH_HINT)
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise SpecdeployError(
-                f"lock file {self.path} is unreadable: {exc}",
-                hint="restore it from version control; it records hashes verified at first fetch",
+            os.stat(self.path)
+        except FileNotFoundError:
+            return {"schema_version": LOCK_SCHEMA, "profiles": {}}  # a new lock: the first record creates it
+        except OSError:
+            pass  # read_bytes names what is wrong with the path
+        try:
+            raw = files.read_bytes(self.path, what="lock file", limit=files.LIMITS["json"], hint=_PATH_HINT)
+        except InputFileError as exc:  # not a file, too large, unreadable: the path is wrong
+            raise LockFileError(f"{exc.message}; nothing was read from it or recorded in it", hint=exc.hint) from None
+        try:
+            data = files.parse_json(files.decode(raw, self.path, what="lock file"), str(self.path), what="lock file")
+        except InputFileError as exc:  # the right file, damaged: restore it
+            raise LockFileError(f"{exc.message}; nothing was read from it or recorded in it", hint=_RESTORE) from None
+        except ValueError as exc:  # JSON that Python will not hold, e.g. a number of 5000 digits
+            raise LockFileError(
+                f"lock file {self.path} is not usable JSON: {exc}; nothing was read from it or recorded in it",
+                hint=_RESTORE,
             ) from None
-        if data.get("schema_version") != LOCK_SCHEMA:
-            raise SpecdeployError(
-                f"lock file {self.path}: field schema_version: expected {LOCK_SCHEMA}, "
-                f"found {data.get('schema_version')!r}"
-            )
+        try:  # every string must survive the next atomic rewrite (UTF-8): a lone "\ud800" escape does not
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise LockFileError(
+                f"lock file {self.path} holds text that is not valid Unicode ({exc.object[exc.start : exc.end]!r}, "
+                "a lone surrogate escape); the lock was not used",
+                hint=_RESTORE,
+            ) from None
+        check_shape(data, self.path)
         return data
 
     def get(self, profile: str, key: str) -> dict[str, Any] | None:
@@ -80,6 +103,88 @@ class Lock:
         atomic.ensure_dir(self.path.parent if str(self.path.parent) else Path("."))
         atomic.write_json(self.path, self.data, sort_keys=True)
         return True
+
+
+_RESTORE = (
+    "restore the lock from version control or the host's state directory (it holds values verified at first "
+    "fetch or build); delete it only to re-verify every value from scratch"
+)
+_PATH_HINT = "pass --lock the path of a lock file (JSON), or leave it out to use $SPECDEPLOY_LOCK or ./specdeploy.lock"
+
+# What each kind of entry holds (the stages that record them: weights.fetch/store, images,
+# drafter.serving). A value of another shape would reach a stage as a TypeError.
+_FILES_KEY = re.compile(r"\.files@")  # {path: sha256} of one revision's files
+_STRING_KEYS = re.compile(
+    r"^(engine\.image\.(base\.digest|digest|id)|engine\.source\.(merge_base|commit)|"
+    r"(target|drafter)\.revision|drafter\.config\.canonical_sha256)$"
+)
+
+
+_MISSING = object()
+
+
+def _kind(value: Any) -> str:
+    """What was found, for a message: a scalar as its JSON-ish repr, a container by its kind."""
+    if value is _MISSING:
+        return "nothing (the key is missing)"
+    if isinstance(value, dict | list):
+        return f"{'an object' if isinstance(value, dict) else 'a list'} of {len(value)} item(s)"
+    text = "null" if value is None else repr(value)
+    return text if len(text) <= 60 else text[:55] + "..."
+
+
+def check_shape(data: Any, path: Path | str) -> None:
+    """Refuse, naming the entry, a lock document that is not `{"schema_version": 1,
+    "profiles": {PROFILE: {KEY: {"value": ..., "recorded_by": str, "recorded_at": str,
+    "detail"?: {...}}}}}` with each KEY's value of its kind."""
+
+    def bad(where: str, expected: str, found: Any) -> LockFileError:
+        return LockFileError(
+            f"lock file {path}: {where}: expected {expected}, found {_kind(found)}; the lock was not used",
+            hint=_RESTORE,
+        )
+
+    if not isinstance(data, dict):
+        raise bad("the top level", 'an object {"schema_version": 1, "profiles": {...}}', data)
+    version = data.get("schema_version", _MISSING)
+    if type(version) is not int or version != LOCK_SCHEMA:
+        raise LockFileError(
+            f"lock file {path}: field schema_version: expected {LOCK_SCHEMA}, found {_kind(version)}; "
+            "the lock was not used",
+            hint="a lock of another schema version comes from another specdeploy: use that one, "
+            "or restore this profile's lock from version control"
+            if type(version) is int
+            else _RESTORE,
+        )
+    profiles = data.get("profiles", _MISSING)
+    if not isinstance(profiles, dict):
+        raise bad("field profiles", "an object of profile sections", profiles)
+    for name, section in profiles.items():
+        if not isinstance(section, dict):
+            raise bad(f"profiles.{name}", "an object of recorded values", section)
+        for key, entry in section.items():
+            where = f"profiles.{name}.{key}"
+            if not isinstance(entry, dict):
+                raise bad(where, 'an object {"value": ..., "recorded_by": ..., "recorded_at": ...}', entry)
+            if entry.get("value") is None:
+                raise bad(f"{where}.value", "the recorded value", entry.get("value", _MISSING))
+            for field in ("recorded_by", "recorded_at"):
+                if not isinstance(entry.get(field), str):
+                    raise bad(f"{where}.{field}", "a string", entry.get(field, _MISSING))
+            if "detail" in entry and not isinstance(entry["detail"], dict):
+                raise bad(f"{where}.detail", "an object", entry["detail"])
+            value = entry["value"]
+            if _FILES_KEY.search(key):
+                if not isinstance(value, dict):
+                    raise bad(f"{where}.value", "an object {file: sha256}", value)
+                for file, digest in value.items():
+                    if not isinstance(digest, str):
+                        raise bad(f"{where}.value.{file}", "a sha256 string", digest)
+            elif _STRING_KEYS.match(key) and not (isinstance(value, str) and value):
+                raise bad(f"{where}.value", "a non-empty string", value)
+            content = entry.get("detail", {}).get("content")
+            if content is not None and not isinstance(content, dict):
+                raise bad(f"{where}.detail.content", "an object (the config.json recorded)", content)
 
 
 def require(profile: Profile, path: str, lock: Lock | None) -> Any:

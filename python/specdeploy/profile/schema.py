@@ -245,12 +245,57 @@ class EngineSpec(_Strict):
         return requirement.replace("==", "-") if requirement else None
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# The JSON kind each value a profile pins must have: a value of another kind reached the
+# checks that compute with it (`block_size - 1`, a layer index) as a TypeError, a traceback.
+_VALUE_KINDS: dict[str, tuple[str, Any]] = {
+    "positive integer": ("a positive integer", lambda v: _is_int(v) and v >= 1),
+    "index": ("a non-negative integer", lambda v: _is_int(v) and v >= 0),
+    "indices": (
+        "a list of non-negative integers",
+        lambda v: isinstance(v, list) and all(_is_int(i) and i >= 0 for i in v),
+    ),
+    "strings": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v)),
+    "number": ("a positive number", lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0),
+}
+_DRAFTER_FIELD_KINDS = {
+    "architectures": "strings",
+    "mask_token_id": "index",
+    "target_layer_ids": "indices",
+    "block_size": "positive integer",
+    "layer_types": "strings",
+    "sliding_window": "positive integer",
+    "num_hidden_layers": "positive integer",
+    "hidden_size": "positive integer",
+    "vocab_size": "positive integer",
+    "head_dim": "positive integer",
+    "num_attention_heads": "positive integer",
+    "num_key_value_heads": "positive integer",
+    "rope_theta": "number",
+}
+
+
+def _check_kind(field: str, pin: Pin, kind: str) -> None:
+    expected, ok = _VALUE_KINDS[kind]
+    if pin.resolved and not ok(pin.value):
+        raise ValueError(f"{field}: expected {expected}, found {pin.value!r}")
+
+
 class TargetFacts(_Strict):
     """Facts about the target model that the drafter checks need (from its config.json)."""
 
     num_hidden_layers: Pin
     hidden_size: Pin
     vocab_size: Pin
+
+    @model_validator(mode="after")
+    def _integers(self) -> TargetFacts:
+        for field in ("num_hidden_layers", "hidden_size", "vocab_size"):
+            _check_kind(field, getattr(self, field), "positive integer")
+        return self
 
 
 class ModelRef(_Strict):
@@ -275,6 +320,9 @@ class DrafterConfigSpec(_Strict):
         unknown = sorted(set(v) - set(drafter_fields.FIELDS))
         if unknown:
             raise ValueError(f"unknown drafter config field(s) {unknown}; known: {sorted(drafter_fields.FIELDS)}")
+        for field, pin in v.items():
+            if field in _DRAFTER_FIELD_KINDS:
+                _check_kind(field, pin, _DRAFTER_FIELD_KINDS[field])
         return v
 
 

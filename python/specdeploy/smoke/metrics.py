@@ -2,6 +2,10 @@
 
 vLLM's spec-decode counters (docs/sources.md#vllm) are server-wide, so callers take a snapshot
 before and after their own requests and use the difference.
+
+A body that is not Prometheus text (an HTML page, garbage) is an `EngineResponseError` naming
+the endpoint and the first bytes, never the parser's own exception (issue 20, D2): the smoke
+reports it as "could not test".
 """
 
 from __future__ import annotations
@@ -11,28 +15,44 @@ from collections import defaultdict
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from specdeploy.smoke.responses import EngineResponseError, EngineUnavailable, describe_http_error, snippet
+
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 REQUESTS_FINISHED = "vllm:request_success_total"
 
+Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
 
-def parse(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+
+def parse(text: str, what: str = "GET /metrics") -> Samples:
     """Samples by name, then by their label set (minus engine/model_name, which vary by server)."""
-    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("engine", "model_name")))
-            samples[s.name][labels] = samples[s.name].get(labels, 0.0) + s.value
+    samples: Samples = defaultdict(dict)
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("engine", "model_name")))
+                samples[s.name][labels] = samples[s.name].get(labels, 0.0) + float(s.value)
+    except Exception as exc:  # noqa: BLE001 - the third-party parser raises what it likes on a bad body
+        raise EngineResponseError(
+            f"{what}: expected Prometheus text, found {snippet(text)} ({type(exc).__name__}: {exc})"
+        ) from None
     return dict(samples)
 
 
-def total(samples: dict[str, dict[tuple[tuple[str, str], ...], float]], name: str) -> float:
+def total(samples: Samples, name: str) -> float:
     return sum(samples.get(name, {}).values())
 
 
-def scrape(base_url: str, timeout: float = 5.0) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    response = httpx.get(f"{base_url}/metrics", timeout=timeout)
-    response.raise_for_status()
-    return parse(response.text)
+def scrape(base_url: str, timeout: float = 5.0, *, headers: dict[str, str] | None = None) -> Samples:
+    url = f"{base_url}/metrics"
+    try:
+        response = httpx.get(url, timeout=timeout, headers=headers)
+    except httpx.HTTPError as exc:
+        raise EngineUnavailable(f"GET {url}: {describe_http_error(exc)}") from None
+    if response.status_code >= 500:
+        raise EngineUnavailable(f"GET {url}: HTTP {response.status_code}: {snippet(response.text)}")
+    if response.status_code >= 400:
+        raise EngineResponseError(f"GET {url}: HTTP {response.status_code}: {snippet(response.text)}")
+    return parse(response.text, f"GET {url}")

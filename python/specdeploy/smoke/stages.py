@@ -7,19 +7,30 @@ transcript, acceptance (sequential, bootstrap over waves), throughput. A failure
 a diagnosis that names the likely cause and the next step, because the field failures this
 catches were each found only by a person reading logs.
 
-Exit codes: 0 pass, 1 fail, 2 could not test (unreachable, server errors), 3 inconclusive.
+Exit codes: 0 pass, 1 fail, 2 could not test (unreachable, server errors, an answer that is not
+the engine API's), 3 inconclusive.
+
+Inputs are checked before the first stage (issue 20, D5/D8): the endpoint must be a base URL
+(a scheme, no /v1: else readiness ends at once, saying so) and a --golden transcript is read
+and validated when the smoke is built, not after three stages ran. Readiness reports the last
+concrete reason it was not ready (refused, timed out, the HTTP status and the first bytes of
+the body). An answer with an unexpected body ends its stage as "could not test" naming the
+endpoint and what was found, never a traceback.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import re
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from rich.progress import (
@@ -31,11 +42,19 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from specdeploy.core import atomic
+from specdeploy.core import atomic, files
+from specdeploy.core.errors import InputFileError, WriteError
 from specdeploy.images.guards import same_release
 from specdeploy.profile import KnownAnswer, Profile
 from specdeploy.smoke import acceptance, coherence
-from specdeploy.smoke.clients import Completion, EngineClient, EngineUnavailable, client_for
+from specdeploy.smoke.clients import (
+    Completion,
+    EngineClient,
+    EngineResponseError,
+    EngineUnavailable,
+    client_for,
+    endpoint_problem,
+)
 
 
 class Status(StrEnum):
@@ -55,6 +74,29 @@ class Stage:
     status: Status
     summary: str
     details: dict[str, Any] = field(default_factory=dict)
+    hint: str | None = None  # what to do, for a stage that could not test
+
+
+class Interrupted(BaseException):
+    """SIGTERM (from Ansible, systemd or `timeout`) arrived while a smoke or gate ran."""
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Turn SIGTERM into an exception, so a report is written before the process ends."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass
@@ -94,6 +136,25 @@ class SmokeReport:
             "diagnosis": self.diagnosis,
         }
 
+    def ended(self, verdict: str, exit_code: int, message: str) -> dict[str, Any]:
+        """The report of a smoke that ended outside its stages (interrupted, a bug): the stages it
+        finished, and the verdict and exit code the process ends with."""
+        self.elapsed_s = time.monotonic() - self.started
+        return self.to_json() | {"verdict": verdict, "exit_code": exit_code, "message": message}
+
+
+def running_report(profile: str, endpoint: str) -> dict[str, Any]:
+    """What a report file holds while its smoke runs: never a stale earlier verdict."""
+    return {
+        "profile": profile,
+        "endpoint": endpoint,
+        "verdict": "running",
+        "exit_code": None,
+        "stages": [],
+        "diagnosis": [],
+        "message": "the smoke is running (a process that died leaves this: no verdict)",
+    }
+
 
 @dataclass(frozen=True)
 class SmokeOptions:
@@ -127,11 +188,15 @@ def check_answer(answer: KnownAnswer, text: str) -> str | None:
             parsed = json.loads(body[start : end + 1]) if start >= 0 < end else None
         except json.JSONDecodeError as exc:
             return f"not a JSON object ({exc.msg}): {text[:80]!r}"
+        except RecursionError:
+            return f"not a JSON object (nested too deeply): {text[:80]!r}"
         return None if isinstance(parsed, dict) else f"no JSON object in {text[:80]!r}"
     try:
         ast.parse(body)
     except SyntaxError as exc:
         return f"code does not parse ({exc.msg}, line {exc.lineno}): {text[:80]!r}"
+    except (ValueError, RecursionError, MemoryError) as exc:  # null bytes, nesting past the parser's limits
+        return f"code does not parse ({type(exc).__name__}): {text[:80]!r}"
     return None
 
 
@@ -141,6 +206,38 @@ def check_answer(answer: KnownAnswer, text: str) -> str | None:
 def golden_tokens(text: str) -> list[str]:
     """Engine-independent tokens for prefix comparison: ASCII words, else single characters."""
     return re.findall(r"[A-Za-z0-9_]+|\S", text)
+
+
+GOLDEN = "golden transcript"
+GOLDEN_HINT = (
+    "pass the file a verified deploy recorded with `specdeploy smoke --record-golden PATH`, or record one again"
+)
+
+
+def load_golden(path: Path) -> dict[str, Any]:
+    """A golden transcript, read and checked before any stage runs (issue 20, D8): a regular
+    file, JSON, an object whose `outputs` maps each prompt to its recorded text."""
+    data = files.read_json(path, what=GOLDEN, hint=GOLDEN_HINT)
+    record = files.expect_mapping(data, str(path), what=GOLDEN)
+    outputs = record.get("outputs")
+    if not isinstance(outputs, dict) or not outputs:
+        if "outputs" not in record:
+            found = "no such field"
+        else:
+            found = "an empty object" if outputs == {} else type(outputs).__name__
+        raise InputFileError(
+            f"{GOLDEN} {path}: field outputs: expected an object mapping each prompt to its recorded text, "
+            f"found {found}; nothing was compared",
+            hint=GOLDEN_HINT,
+        )
+    bad = next((k for k, v in outputs.items() if not isinstance(v, str)), None)
+    if bad is not None:
+        raise InputFileError(
+            f"{GOLDEN} {path}: field outputs[{bad!r}]: expected the recorded text (a string), "
+            f"found {type(outputs[bad]).__name__}",
+            hint=GOLDEN_HINT,
+        )
+    return record
 
 
 def _golden_compare(recorded: dict[str, Any], outputs: dict[str, str], n: int) -> tuple[float, list[str]]:
@@ -160,13 +257,27 @@ class Smoke:
         self.profile = profile
         self.spec = profile.smoke
         self.options = options
-        self.client: EngineClient = client_for(
-            profile.engine.kind, endpoint, profile.engine.serve.served_model_name, api_key=options.api_key
-        )
+        self.endpoint = endpoint
+        # the inputs, before any stage: a golden transcript that cannot be used ends here
+        self.golden_record = load_golden(options.golden) if options.golden else None
+        self.endpoint_problem = endpoint_problem(endpoint)
+        self._client: EngineClient | None = None
         self.report = SmokeReport(profile.name, endpoint)
         self.outputs: dict[str, str] = {}
         self.acceptance_estimate: acceptance.Estimate | None = None
         self.acceptance_texts: list[str] = []
+
+    @property
+    def client(self) -> EngineClient:
+        """The engine's client, made on first use (never for an endpoint that is not a base URL)."""
+        if self._client is None:
+            self._client = client_for(
+                self.profile.engine.kind,
+                self.endpoint,
+                self.profile.engine.serve.served_model_name,
+                api_key=self.options.api_key,
+            )
+        return self._client
 
     def _progress(self) -> Progress:
         return Progress(
@@ -190,16 +301,27 @@ class Smoke:
         )
         try:
             for stage in stages:
-                result = stage()
+                try:
+                    result = stage()
+                except EngineResponseError as exc:  # answered, but not as the engine's API does
+                    result = Stage(stage.__name__, Status.error, f"could not test: {exc.message}", hint=exc.hint)
                 self.report.stages.append(result)
                 if result.status is Status.error or (
                     result.name in ("readiness", "identity") and result.status is Status.failed
                 ):
                     break
         except EngineUnavailable as exc:
-            self.report.stages.append(Stage("server", Status.error, f"the server stopped answering: {exc}"))
+            self.report.stages.append(
+                Stage(
+                    "server",
+                    Status.error,
+                    f"the server stopped answering: {exc.message}",
+                    hint="read the engine log (journalctl -u specdeploy-engine) and run the smoke again",
+                )
+            )
         finally:
-            self.client.close()
+            if self._client is not None:
+                self._client.close()
         self.report.diagnosis = diagnose(self)
         self.report.elapsed_s = time.monotonic() - self.report.started
         return self.report
@@ -207,27 +329,42 @@ class Smoke:
     # ------------------------------------------------------------------ a. readiness
 
     def readiness(self) -> Stage:
+        if self.endpoint_problem:
+            return Stage(
+                "readiness",
+                Status.error,
+                f"--endpoint {self.endpoint!r} {self.endpoint_problem}; nothing was asked",
+                hint=f"pass the engine's base URL, e.g. http://127.0.0.1:{self.profile.engine.serve.port}",
+            )
         timeout = self.options.readiness_timeout_s or self.spec.readiness_timeout_s
         deadline = time.monotonic() + timeout
         model = self.profile.engine.serve.served_model_name
         last = "no answer yet"
+        hint = "start the engine or correct --endpoint; the engine's log says why it is not serving"
         with self._progress() as progress:
             progress.add_task(f"waiting for {self.client.base_url} to serve {model}", total=None)
-            while time.monotonic() < deadline:
+            while (left := deadline - time.monotonic()) > 0:
                 if self.options.engine_down is not None and (reason := self.options.engine_down()):
-                    return Stage("readiness", Status.error, f"the engine stopped before it was ready: {reason}")
-                if self.client.healthy():
-                    try:
-                        served = self.client.served_models()
-                    except EngineUnavailable as exc:
-                        last = str(exc)
-                    else:
-                        if model in served:
-                            summary = f"/health ok, /v1/models lists {model}"
-                            return Stage("readiness", Status.passed, summary, {"ready_at": time.time()})
-                        last = f"/v1/models lists {served}, not {model}"
-                time.sleep(1.0)
-        return Stage("readiness", Status.error, f"not ready within {timeout:.0f}s: {last}")
+                    return Stage(
+                        "readiness",
+                        Status.error,
+                        f"the engine stopped before it was ready: {reason}",
+                        hint="read the engine log: it exits at start",
+                    )
+                probe = min(5.0, max(0.2, left))  # one probe never outlasts the stage's own deadline
+                try:
+                    self.client.check_health(timeout=probe)
+                    served = self.client.served_models(timeout=probe)
+                except EngineUnavailable as exc:
+                    last = exc.message
+                else:
+                    if model in served:
+                        summary = f"/health ok, /v1/models lists {model}"
+                        return Stage("readiness", Status.passed, summary, {"ready_at": time.time()})
+                    last = f"GET {self.client.base_url}/v1/models lists {served}, not {model}"
+                    hint = f"serve {model} (the profile's engine.serve.served_model_name) or correct --endpoint"
+                time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))
+        return Stage("readiness", Status.error, f"not ready within {timeout:g}s; last: {last}", hint=hint)
 
     # ------------------------------------------------------------------ b. identity
 
@@ -304,12 +441,16 @@ class Smoke:
                 "outputs": self.outputs,
             }
             path = self.options.record_golden
-            atomic.ensure_dir(path.parent)
-            atomic.write_json(path, record)
+            try:
+                atomic.ensure_dir(path.parent)
+                atomic.write_json(path, record)
+            except WriteError as exc:
+                summary = f"could not record the golden transcript: {exc.message}"
+                return Stage("golden", Status.error, summary, hint=exc.hint)
             return Stage("golden", Status.passed, f"recorded {len(self.outputs)} outputs to {path}")
-        if not self.options.golden:
+        if self.golden_record is None:
             return Stage("golden", Status.skipped, "no --golden transcript given")
-        recorded = json.loads(self.options.golden.read_text())
+        recorded = self.golden_record
         fraction, drifted = _golden_compare(recorded, self.outputs, n)
         floor = self.spec.golden_match_fraction_min
         details = {"match_fraction": fraction, "drifted_prompts": drifted, "floor": floor}
@@ -419,7 +560,15 @@ def diagnose(smoke: Smoke) -> list[str]:
     names = ("readiness", "identity", "coherence", "golden", "acceptance", "throughput")
     ready, ident, coh, gold, acc, thr = (stage(n) for n in names)
     server = stage("server")
-    if ready and ready.status is Status.error:
+    unexpected = [s for s in report.stages if s.status is Status.error and s.summary.startswith("could not test:")]
+    if smoke.endpoint_problem:
+        out.append(f"endpoint: {report.endpoint!r} is not an engine's base URL: nothing was asked of it")
+    elif unexpected:
+        out.append(
+            f"unexpected answer at {unexpected[0].name}: whatever answers at {report.endpoint} does not speak the "
+            "engine's API as the profile pins it — check the endpoint (base URL, no proxy page) and the engine"
+        )
+    elif ready and ready.status is Status.error:
         out.append(
             "unreachable: the server is down, still loading, or serves another model name — "
             "check the service and its log"

@@ -11,17 +11,25 @@ since they were verified. The token is passed in memory only, never in argv or l
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import stat
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit
 
-from specdeploy.core import atomic
-from specdeploy.core.errors import SpecdeployError, UnresolvedPinError
+from specdeploy.core import atomic, files
+from specdeploy.core.errors import SpecdeployError, UnresolvedPinError, UsageError
 from specdeploy.profile import ModelRef, Profile
 from specdeploy.profile.lock import Lock, require
 
@@ -46,6 +54,19 @@ class FetchError(SpecdeployError):
     """A download the hub refused, or a file that does not match the pinned commit."""
 
 
+class TokenError(FetchError):
+    """A token file or standard input that does not hold a token: bad input, exit 2."""
+
+    exit_code = 2
+
+
+ROLES = ("target", "drafter")
+PUBLIC_HUB = "https://huggingface.co"
+DEFAULT_TIMEOUT_S = 30.0  # per request (connect, and each read): a real hub answers in well under a second
+DEFAULT_RETRIES = 3  # a refused connection, a timeout or a 5xx: tried again this many times
+TOKEN_HINT = "write the hub token (one line, hf_...) into a file only you can read (chmod 600), or pass it on stdin"
+
+
 @dataclass
 class RepoResult:
     role: str
@@ -62,19 +83,54 @@ class RepoResult:
 # --------------------------------------------------------------------------- tokens
 
 
+def _one_token(text: str, origin: str) -> str | None:
+    """The token in `text` (surrounding whitespace dropped), None when empty; a text that is not
+    one word is refused without showing it (it may be a token with a typo)."""
+    token = text.strip()
+    if len(token) > 4096:
+        raise TokenError(
+            f"{origin} holds {len(token)} characters: expected one hub token (hf_..., a few dozen); "
+            "its content is not shown",
+            hint=TOKEN_HINT,
+        )
+    if token and (len(token.split()) != 1 or any(ord(c) < 32 or ord(c) == 127 for c in token)):
+        raise TokenError(
+            f"{origin} holds more than one word or a control character: expected one hub token (hf_...); "
+            "its content is not shown",
+            hint=TOKEN_HINT,
+        )
+    return token or None
+
+
 def read_token(token_file: Path | None, *, from_stdin: bool = False) -> str | None:
     """The HF token from standard input (how Ansible hands it over: never on a command line,
-    in a task's environment or in a file), a file (refused when others can read it), or $HF_TOKEN."""
+    in a task's environment or in a file; an empty line means none), a file (a regular file of
+    at most 64 KiB, refused when others can read it or when it is empty), or $HF_TOKEN."""
     if from_stdin:
-        return sys.stdin.readline().strip() or None
+        try:
+            line = sys.stdin.readline(files.LIMITS["key"])
+        except (UnicodeDecodeError, ValueError):
+            raise TokenError(
+                "the token on standard input is not UTF-8 text: expected one hub token (hf_...)", hint=TOKEN_HINT
+            ) from None
+        return _one_token(line, "standard input")
     if token_file is not None:
-        mode = token_file.stat().st_mode
+        hint = f"pass --token-file the file holding the hub token; {TOKEN_HINT}"
+        data = files.read_bytes(token_file, what="token file", limit=files.LIMITS["key"], hint=hint)
+        mode = Path(token_file).stat().st_mode
         if mode & (stat.S_IRGRP | stat.S_IROTH | stat.S_IWGRP | stat.S_IWOTH):
             raise FetchError(
                 f"token file {token_file} is readable by others (mode {oct(mode & 0o777)})",
                 hint=f"chmod 600 {token_file}; a token in a world-readable file is a leaked token",
             )
-        return token_file.read_text().strip() or None
+        token = _one_token(files.decode(data, token_file, what="token file"), f"token file {token_file}")
+        if token is None:
+            raise TokenError(
+                f"token file {token_file} is empty: expected the hub token (hf_...); nothing was fetched",
+                hint="write the token into it (one line, chmod 600), or leave --token-file out for repositories "
+                "that are not gated",
+            )
+        return token
     return os.environ.get("HF_TOKEN") or None
 
 
@@ -95,17 +151,40 @@ def git_blob_id(path: Path) -> str:
 
 
 def _load_state(directory: Path) -> dict[str, Any]:
+    """The hash cache of a revision directory: {relative path: {size, mtime_ns, sha256, revision}}.
+    It is bookkeeping, not input: one that cannot be read, is not JSON or has entries of another
+    shape is ignored entry by entry (those files are hashed again), never a traceback."""
     path = directory / STATE_DIR / STATE_FILE
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        data = files.read_json(path, what="hash cache")
+    except SpecdeployError:
         return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        name: entry
+        for name, entry in data.items()
+        if isinstance(entry, dict)
+        and type(entry.get("size")) is int
+        and type(entry.get("mtime_ns")) is int
+        and isinstance(entry.get("sha256"), str)
+        and isinstance(entry.get("revision", ""), str)
+    }
 
 
 def _save_state(directory: Path, state: dict[str, Any]) -> None:
     """Write the hash cache when it changed (an unchanged re-run leaves the directory as it was)."""
-    if _load_state(directory) == state and (directory / STATE_DIR / STATE_FILE).is_file():
+    path = directory / STATE_DIR / STATE_FILE
+    if _load_state(directory) == state and path.is_file():
         return
+    for place, wanted in ((directory / STATE_DIR, "a directory"), (path, "a file")):
+        if place.exists() and place.is_dir() != (wanted == "a directory"):
+            found = "a directory" if place.is_dir() else "a file" if place.is_file() else "something else"
+            raise FetchError(
+                f"{place}: expected {wanted} (specdeploy's hash cache of {directory}), found {found}; "
+                "the verified hashes cannot be kept",
+                hint=f"remove {place} (the cache is rebuilt by hashing the files again), then run this again",
+            )
     atomic.ensure_dir(directory / STATE_DIR)
     atomic.write_bytes(directory / STATE_DIR / STATE_FILE, json.dumps(state, indent=1, sort_keys=True).encode())
 
@@ -116,32 +195,318 @@ def _remove_corrupt(directory: Path, relative: str) -> None:
         path.unlink(missing_ok=True)
 
 
-# --------------------------------------------------------------------------- fetch
+# --------------------------------------------------------------------------- the endpoint
 
 
-def _hub_errors() -> tuple[type[Exception], ...]:
-    from huggingface_hub import errors
+def endpoint_url(endpoint: str | None, *, origin: str = "--endpoint") -> str:
+    """The hub or mirror base URL to fetch from (the hub's when none is given), refused unless it
+    is an http(s) URL with a host: "127.0.0.1:8090" or "hub.local" would otherwise reach
+    huggingface_hub as a path and end in a traceback."""
+    if endpoint is None or not endpoint.strip():
+        from_env = os.environ.get("HF_ENDPOINT", "").strip()
+        if origin != "$HF_ENDPOINT" and from_env:
+            return endpoint_url(from_env, origin="$HF_ENDPOINT")
+        return PUBLIC_HUB  # an empty $HF_ENDPOINT means the hub (huggingface_hub itself would take "" as the URL)
+    try:
+        parts = urlsplit(endpoint.strip())
+        port_ok = parts.port is None or parts.port > 0  # urlsplit checks the port's range only when asked
+    except ValueError as exc:  # "http://[", "http://h:port": not a URL at all
+        raise UsageError(
+            f"{origin} {endpoint!r}: expected the base URL of the hub or a mirror, found no URL ({exc}); "
+            "nothing was fetched",
+            hint=f"pass e.g. {origin} https://huggingface.co",
+        ) from None
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or not port_ok
+        or parts.query
+        or parts.fragment
+        or any(c.isspace() for c in endpoint.strip())
+    ):
+        bare = "://" not in endpoint
+        if bare:
+            found = "no scheme"
+        elif parts.scheme not in ("http", "https"):
+            found = f"the scheme {parts.scheme!r}"
+        else:
+            found = "no host, a bad port, a query or a space"
+        raise UsageError(
+            f"{origin} {endpoint!r}: expected the base URL of the hub or a mirror (http:// or https://, a host, "
+            f"no query), found {found}; nothing was fetched",
+            hint=f"pass e.g. {origin} http://{endpoint.strip()}"
+            if bare
+            else f"pass e.g. {origin} https://huggingface.co",
+        )
+    return endpoint.strip().rstrip("/")
 
-    return (errors.HfHubHTTPError,)
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    from huggingface_hub.utils import httpx as hub_httpx  # the HTTP library huggingface_hub itself uses
+
+    return (hub_httpx.TransportError, hub_httpx.InvalidURL, OSError)
 
 
-def _explain(exc: Exception, repo: str, revision: str) -> FetchError:
+def _network_reason(exc: Exception, timeout: float) -> str:
+    """A transport failure as a person reads it."""
+    from huggingface_hub.utils import httpx as hub_httpx
+
+    if isinstance(exc, hub_httpx.TimeoutException):
+        return f"no answer within {timeout:g} s"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if "refused" in text.lower():
+        return f"connection refused ({text})"
+    return text
+
+
+@contextmanager
+def _bounded_requests(timeout: float) -> Iterator[None]:
+    """huggingface_hub's shared client with a timeout on every request while the fetch runs (its
+    default client has none: a server that accepts and never answers held the fetch forever)."""
+    import huggingface_hub
+    from huggingface_hub.utils import _http
+
+    default = getattr(_http, "default_client_factory", None)
+    if default is None:  # another huggingface_hub than the pinned one: keep its client as it is
+        yield
+        return
+
+    def bounded() -> Any:
+        client = default()
+        client.timeout = timeout
+        return client
+
+    huggingface_hub.set_client_factory(bounded)
+    try:
+        yield
+    finally:
+        huggingface_hub.set_client_factory(default)
+
+
+def probe(endpoint: str, repo: str, revision: str, *, token: str | None, timeout: float, retries: int) -> None:
+    """Ask the endpoint for the revision's file list once — the request the download starts with —
+    with `timeout` seconds per try and `retries` more tries on a network failure or a 5xx, so that
+    an unreachable, hanging or failing endpoint is reported in seconds, naming it and the reason.
+    4xx answers (gated, not found) are raised as huggingface_hub's own errors, for `_explain`."""
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+    from huggingface_hub.utils import httpx as hub_httpx
+
+    url = f"{endpoint}/api/models/{repo}/tree/{quote(revision, safe='')}"
+    headers = build_hf_headers(token=token)
+    reason, answered = "", False
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(min(0.5 * 2 ** (attempt - 1), 4.0))
+        try:
+            response = _bounded_get(url, headers=headers, timeout=timeout)
+        except _transport_errors() as exc:
+            reason, answered = _network_reason(exc, timeout), False
+            continue
+        if response is None:
+            raise FetchError(
+                f"{endpoint} answered the file list of {repo}@{revision} with more than "
+                f"{PROBE_LIMIT // (1024 * 1024)} MiB (or for longer than {3 * timeout:g} s): not the hub API's "
+                "(a page of it is a few hundred KB); nothing was downloaded",
+                hint="point --endpoint (or $HF_ENDPOINT) at the base URL of the hub or a hub mirror "
+                "(e.g. https://huggingface.co)",
+            )
+        if response.status_code >= 500 or response.status_code == 429:
+            reason, answered = f"HTTP {response.status_code}: {_first_bytes(response.content)}", True
+            continue
+        if response.status_code >= 400:
+            hf_raise_for_status(response)  # gated, not found, unauthorized: huggingface_hub's typed errors
+        try:
+            page = response.json()
+        except (ValueError, hub_httpx.DecodingError):
+            page = None
+        if not isinstance(page, list):
+            raise FetchError(
+                f"{endpoint} answered the file list of {repo}@{revision} with something that is not the hub API's "
+                f"(HTTP {response.status_code}, {response.headers.get('content-type', 'no content type')}: "
+                f"{_first_bytes(response.content)}); nothing was downloaded",
+                hint="point --endpoint (or $HF_ENDPOINT) at the base URL of the hub or a hub mirror "
+                "(e.g. https://huggingface.co), not at a web page or another API",
+            )
+        return
+    tries = f"{retries + 1} tries" if retries else "1 try"
+    if answered:
+        raise FetchError(
+            f"hub endpoint {endpoint} could not serve the file list of {repo}@{revision}: {reason} ({tries}); "
+            "nothing was downloaded",
+            hint="the pin may be wrong (a mirror answers an unknown commit so: check it with "
+            "huggingface_hub.list_repo_commits), or the endpoint is failing: check its logs, then run the fetch again",
+        )
+    state = "did not answer" if reason.startswith("no answer") else "is unreachable"
+    raise FetchError(
+        f"hub endpoint {endpoint} {state}: {reason} ({tries}, {timeout:g} s each); nothing was downloaded",
+        hint="check the endpoint URL and that this host reaches it (proxy, firewall, DNS); for a slow mirror pass "
+        "a longer --timeout or more --retries",
+    )
+
+
+_BODY_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
+PROBE_LIMIT = 16 * 1024 * 1024  # a page of the hub's file list: at most 1000 entries, a few hundred KB
+
+
+def _bounded_get(url: str, *, headers: dict[str, str], timeout: float) -> Any:
+    """GET `url` through huggingface_hub's client, reading at most PROBE_LIMIT bytes for at most
+    3 x `timeout` seconds; the response (its body read), or None when the answer is larger or slower."""
+    from huggingface_hub.utils import get_session
+    from huggingface_hub.utils import httpx as hub_httpx
+
+    deadline = time.monotonic() + 3 * timeout
+    params = {"recursive": False, "expand": False}
+    with get_session().stream("GET", url, params=params, headers=headers, timeout=timeout) as streamed:
+        body = bytearray()
+        for chunk in streamed.iter_bytes():
+            body += chunk
+            if len(body) > PROBE_LIMIT or time.monotonic() > deadline:
+                return None
+        # the body is decoded already (gzip undone): the copy must not claim an encoding or a length
+        kept = [(k, v) for k, v in streamed.headers.multi_items() if k.lower() not in _BODY_HEADERS]
+        return hub_httpx.Response(streamed.status_code, headers=kept, content=bytes(body), request=streamed.request)
+
+
+def _first_bytes(content: bytes, n: int = 120) -> str:
+    text = " ".join(content[:n].decode("utf-8", errors="replace").split())
+    return repr(text + ("..." if len(content) > n else "")) if text else "an empty body"
+
+
+def _explain(exc: Exception, repo: str, revision: str, *, token: str | None) -> FetchError:
     from huggingface_hub import errors
 
     if isinstance(exc, errors.GatedRepoError):
+        if token is None:
+            return FetchError(
+                f"{repo} is gated and no token was given: the hub lets only accounts that accepted its "
+                "conditions download it",
+                hint=f"accept the conditions at https://huggingface.co/{repo}, then provide that account's token "
+                "(--token-file, --token-stdin or $HF_TOKEN; ansible-vault for a deploy; never argv)",
+            )
         return FetchError(
-            f"{repo} is gated and this token may not download it",
+            f"{repo} is gated and the token given may not download it",
             hint=f"accept the conditions at https://huggingface.co/{repo} with the account whose token you use, "
             "then provide the token through ansible-vault or $HF_TOKEN (never argv)",
         )
     if isinstance(exc, errors.RepositoryNotFoundError):
-        return FetchError(f"{repo} not found at this endpoint (or not visible to this token)")
+        visible = "to the token given" if token is not None else "without a token: none was given"
+        return FetchError(
+            f"{repo} not found at this endpoint (or not visible {visible})",
+            hint="check the repository name in the profile and the endpoint; a private repository needs a token",
+        )
     # RevisionNotFound from the hub; olah answers an unknown commit with 404/500 on the tree.
     status = getattr(getattr(exc, "response", None), "status_code", "?")
     return FetchError(
-        f"{repo} has no revision {revision} at this endpoint (HTTP {status})",
+        f"{repo} has no revision {revision} at this endpoint (HTTP {status})"
+        + (", or the endpoint is failing" if isinstance(status, int) and status >= 500 else ""),
         hint="the pin is wrong or the mirror lags: check the commit with huggingface_hub.list_repo_commits",
     )
+
+
+def _download_failure(
+    exc: Exception, repo: str, revision: str, directory: Path, *, token: str | None, timeout: float
+) -> FetchError:
+    """Whatever the hub client raised while listing or downloading, as a FetchError (never a traceback)."""
+    from huggingface_hub import errors
+
+    if isinstance(exc, errors.HfHubHTTPError):
+        return _explain(exc, repo, revision, token=token)
+    hub_side = (
+        errors.EntryNotFoundError,
+        errors.RevisionResolutionError,
+        errors.FileMetadataError,
+        errors.OfflineModeIsEnabled,
+        errors.XetDownloadError,
+    )
+    if isinstance(exc, hub_side) or not isinstance(exc, OSError):
+        if isinstance(exc, _transport_errors()[:2]):
+            what = f"the endpoint stopped answering: {_network_reason(exc, timeout)}"
+        elif isinstance(exc, ValueError | KeyError | TypeError | AttributeError):
+            detail = " ".join(str(exc).split())[:200]
+            what = f"the endpoint's answer is not the hub API's ({type(exc).__name__}: {detail})"
+        else:
+            what = " ".join(str(exc).split())[:300] or type(exc).__name__
+        return FetchError(
+            f"{repo}@{revision}: the download did not complete: {what}; files downloaded so far stay in {directory} "
+            "and the next fetch resumes",
+            hint="run the fetch again; if it repeats, check the endpoint (or pass a longer --timeout)",
+        )
+    cause = _cause(exc)
+    return FetchError(
+        f"{repo}@{revision}: could not write into {directory}: {cause}; files downloaded so far stay there",
+        hint="free space on that filesystem (or remount it read-write, check ownership), then run the fetch again",
+    )
+
+
+# --------------------------------------------------------------------------- the destination
+
+_CAUSES = {
+    errno.EROFS: "the filesystem is mounted read-only",
+    errno.ENOSPC: "the filesystem is full",
+    errno.EDQUOT: "the disk quota is exhausted",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+
+def _cause(exc: OSError) -> str:
+    code = exc.errno or 0
+    return f"{_CAUSES.get(code, exc.strerror or str(exc))} ({errno.errorcode.get(code, code)})"
+
+
+def _prepare_destination(dest: Path) -> list[Path]:
+    """Make sure `dest` is a directory this process can write into; return the directories it
+    created (removed again when the fetch fails before writing anything)."""
+    dest = Path(dest)
+    created: list[Path] = []
+    missing = []
+    probe_path = dest
+    while not os.path.lexists(probe_path) and probe_path != probe_path.parent:
+        missing.append(probe_path)
+        probe_path = probe_path.parent
+    if os.path.lexists(probe_path) and not probe_path.is_dir():
+        where = "is" if probe_path == dest else f"lies under {probe_path}, which is"
+        raise UsageError(
+            f"destination {dest} {where} a {'file' if probe_path.is_file() else 'path that is not a directory'}: "
+            "expected a directory to download into; nothing was fetched",
+            hint="pass DEST the directory the models go to (the host layout's models directory), not a file",
+        )
+    try:
+        for directory in reversed(missing):
+            directory.mkdir()
+            created.append(directory)
+        fd, name = tempfile.mkstemp(prefix=".specdeploy-write-test.", dir=dest)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        _remove_created(created)
+        cause = _cause(exc)
+        raise FetchError(
+            f"destination {dest} is not writable: {cause}; nothing was fetched",
+            hint="pass a destination on a writable filesystem (remount it read-write, check ownership, "
+            "free space), then run the fetch again",
+        ) from None
+    return created
+
+
+def _remove_created(created: list[Path]) -> None:
+    for directory in reversed(created):
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only when still empty
+
+
+# --------------------------------------------------------------------------- fetch
+
+
+def _revision_name(revision: Any, role: str) -> str:
+    """A revision as a directory name: a commit (hex) or a content revision, never a path."""
+    if not isinstance(revision, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", revision):
+        raise UsageError(
+            f"{role}.revision: expected a commit SHA (40 hex digits), found {str(revision)[:80]!r}; "
+            "nothing was fetched",
+            hint=f"pin {role}.revision to the full commit in the profile (or remove the wrong entry from the lock)",
+        )
+    return revision
 
 
 def fetch_repo(
@@ -153,34 +518,60 @@ def fetch_repo(
     lock: Lock,
     token: str | None,
     endpoint: str | None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    retries: int = DEFAULT_RETRIES,
 ) -> RepoResult:
     from huggingface_hub import HfApi, snapshot_download
 
-    revision = require(profile, f"{role}.revision", lock)
+    revision = _revision_name(require(profile, f"{role}.revision", lock), role)
+    base = endpoint_url(endpoint)
     directory = dest / ref.repo / revision  # one directory per revision: a rollback serves the old one
     result = RepoResult(role, ref.repo, revision, str(directory))
-    api = HfApi(endpoint=endpoint, token=token)
     try:
-        tree = [e for e in api.list_repo_tree(ref.repo, revision=revision, recursive=True) if hasattr(e, "blob_id")]
-        snapshot_download(ref.repo, revision=revision, local_dir=directory, token=token, endpoint=endpoint)
-    except _hub_errors() as exc:
-        raise _explain(exc, ref.repo, revision) from None
+        probe(base, ref.repo, revision, token=token, timeout=timeout, retries=retries)
+    except SpecdeployError:
+        raise
+    except Exception as exc:  # huggingface_hub's typed HTTP errors for a 4xx
+        raise _download_failure(exc, ref.repo, revision, directory, token=token, timeout=timeout) from None
+    api = HfApi(endpoint=base, token=token)
+    try:
+        with _bounded_requests(timeout):
+            tree = [e for e in api.list_repo_tree(ref.repo, revision=revision, recursive=True) if hasattr(e, "blob_id")]
+            snapshot_download(
+                ref.repo, revision=revision, local_dir=directory, token=token, endpoint=base, etag_timeout=timeout
+            )
+    except SpecdeployError:
+        raise
+    except Exception as exc:  # whatever the hub client raised: named, never a traceback
+        raise _download_failure(exc, ref.repo, revision, directory, token=token, timeout=timeout) from None
 
     state = _load_state(directory)
     key = lock_key(role, revision)
     recorded: dict[str, str] | None = lock.value(profile.name, key)
+    if recorded is not None and not (
+        isinstance(recorded, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in recorded.items())
+    ):
+        raise FetchError(
+            f"lock {lock.path}: entry {key} of profile {profile.name}: expected an object of file -> sha256, "
+            f"found {type(recorded).__name__}; the files cannot be compared with it",
+            hint="restore the lock from version control (it records the hashes verified at the first fetch)",
+        )
     hashes: dict[str, str] = {}
     problems: list[str] = []
     for entry in tree:
         path = directory / entry.path
         result.files += 1
-        st = path.stat()
+        try:
+            st = path.stat()
+        except OSError:
+            problems.append(f"{entry.path}: listed by the hub for this commit, but not downloaded")
+            continue
         cached = state.get(entry.path)
         if (
             cached
             and cached["size"] == st.st_size
             and cached["mtime_ns"] == st.st_mtime_ns
-            and cached["revision"] == revision
+            and cached.get("revision") == revision
         ):
             hashes[entry.path] = cached["sha256"]
             result.skipped_unchanged += 1
@@ -233,11 +624,39 @@ def fetch(
     token: str | None = None,
     endpoint: str | None = None,
     only: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    retries: int = DEFAULT_RETRIES,
 ) -> list[RepoResult]:
-    """Fetch the profile's target and drafter (those that live on a hub) and verify them."""
+    """Fetch the profile's target and drafter (those that live on a hub) and verify them.
+
+    Everything that can be refused without the network is refused first, before anything is
+    created: `only` naming no model of the profile, an endpoint that is not a URL, a timeout or
+    retry count out of range, an unresolved pin, a destination that is a file or not writable."""
     refs = models_of(profile)
-    if only:
+    if only is not None:
+        if only not in ROLES:
+            raise UsageError(
+                f"--only {only!r}: expected one of {', '.join(ROLES)}; nothing was fetched",
+                hint="pass --only target or --only drafter, or leave --only out to fetch both",
+            )
         refs = [(role, ref) for role, ref in refs if role == only]
+        if not refs:
+            raise UsageError(
+                f"--only {only}: profile {profile.name} has no {only}; nothing was fetched",
+                hint="leave --only out to fetch what the profile names ("
+                + ", ".join(r for r, _ in models_of(profile))
+                + ")",
+            )
+    if not (0 < timeout <= 3600):
+        raise UsageError(
+            f"--timeout {timeout:g}: expected seconds per request, more than 0 and at most 3600",
+            hint=f"pass e.g. --timeout {DEFAULT_TIMEOUT_S:g}",
+        )
+    if not (0 <= retries <= 20):
+        raise UsageError(
+            f"--retries {retries}: expected 0 to 20 further tries", hint=f"pass e.g. --retries {DEFAULT_RETRIES}"
+        )
+    base = endpoint_url(endpoint)
     missing = [
         f"{role}.revision"
         for role, ref in refs
@@ -248,4 +667,15 @@ def fetch(
             f"profile {profile.name}: refusing to fetch at an unresolved revision: {', '.join(missing)}",
             hint="pin the full commit SHA in the profile (huggingface_hub.list_repo_commits); a branch would drift",
         )
-    return [fetch_repo(role, ref, profile, dest, lock=lock, token=token, endpoint=endpoint) for role, ref in refs]
+    for role, _ in refs:
+        _revision_name(require(profile, f"{role}.revision", lock), role)
+    created = _prepare_destination(dest)
+    try:
+        return [
+            fetch_repo(
+                role, ref, profile, dest, lock=lock, token=token, endpoint=base, timeout=timeout, retries=retries
+            )
+            for role, ref in refs
+        ]
+    finally:
+        _remove_created(created)  # only directories still empty: a fetch that wrote nothing leaves nothing

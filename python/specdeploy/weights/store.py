@@ -16,6 +16,13 @@ their host path as well: engine.units). A revision switch is one `rename(2)` of 
 directory cannot be replaced that way — and the keeper keeps the old link, so a rollback serves
 the old revision. `prune` keeps the revisions of the last N passing runs (`weights.keep_revisions`
 in the profile) and whatever is linked now, and runs only after a pass.
+
+Bad input found by trying (each now a named error, never a traceback, and nothing changed): an
+archive manifest that was a list, not UTF-8 or had a number for a revision; a hash cache that
+was a list; a serving directory that was a file (reported as "free space or remount"); a gate
+report that was a list, truncated or a FIFO (prune deleted the revisions that run served, or
+hung); a `--gid` of -1 (ownership never converged) or past 2**32 (a traceback after the first
+change); a models "directory" that was a regular file (its mode was changed to 750).
 """
 
 from __future__ import annotations
@@ -23,13 +30,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import atomic, layout
-from specdeploy.core.errors import SpecdeployError, UnresolvedPinError, WriteError
+from specdeploy.core import atomic, files, layout
+from specdeploy.core.errors import InputFileError, SpecdeployError, UnresolvedPinError, UsageError, WriteError
 from specdeploy.core.keeper import Keeper
 from specdeploy.profile import ModelRef, Profile
 from specdeploy.profile.lock import Lock
@@ -40,21 +49,67 @@ MANIFEST = "specdeploy-archive.json"
 IGNORED_DIRS = {STATE_DIR, ".cache"}  # specdeploy's and huggingface_hub's bookkeeping
 CONTENT_REVISION_PREFIX = "sha256-"
 DIR_MODE, FILE_MODE = 0o750, 0o640  # the engine's group reads, others nothing (restrict_to_engine)
+MAX_GID = 2**32 - 2  # 2**32 - 1 is (gid_t)-1: "leave the group as it is"
 
 
 class WeightsError(SpecdeployError):
     """Weights that are missing, do not match their manifest or lock, or cannot be linked."""
 
 
-def read_manifest(models: Path) -> dict[str, Any]:
-    """The last unpacked archive's manifest ({} when weights came from the hub)."""
-    path = Path(models) / MANIFEST
-    if not path.is_file():
-        return {}
+def _read_json(path: Path, *, what: str, hint: str) -> Any:
+    """core.files' bounded read, every refusal with this file's own fix."""
     try:
-        return json.loads(path.read_text()).get("models", {})
-    except (OSError, json.JSONDecodeError) as exc:
-        raise WeightsError(f"archive manifest {path} is unreadable: {exc}", hint="copy the archive again") from None
+        return files.read_json(path, what=what, hint=hint)
+    except InputFileError as exc:
+        raise InputFileError(exc.message, hint=hint) from None
+
+
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a commit or a content revision: one path component
+
+
+def read_manifest(models: Path) -> dict[str, Any]:
+    """The last unpacked archive's manifest ({} when weights came from the hub): {repo: {"revision":
+    str, "files": {path: sha256}}}. Anything else there — not a regular file, not UTF-8 or JSON,
+    another shape — is an InputFileError (exit 2) naming the field, before anything is served."""
+    path = Path(models) / MANIFEST
+    if not os.path.lexists(path) or not Path(models).is_dir():
+        return {}
+    hint = "copy the weights archive again (its manifest is written with it), or remove the stray file"
+    origin = str(path)
+    data = _read_json(path, what="archive manifest", hint=hint)
+    if not isinstance(data, dict):
+        raise InputFileError(
+            f"archive manifest {origin}: expected a JSON object at the top level, found {type(data).__name__}; "
+            "nothing was served",
+            hint=hint,
+        )
+    models_field = data.get("models", {})
+    if not isinstance(models_field, dict):
+        raise InputFileError(
+            f"archive manifest {path}: field models: expected an object of repository -> revision and files, "
+            f"found {type(models_field).__name__}; nothing was served",
+            hint=hint,
+        )
+    for repo, entry in models_field.items():
+        where = f"archive manifest {path}: field models.{repo}"
+        if not isinstance(entry, dict):
+            raise InputFileError(f"{where}: expected an object, found {type(entry).__name__}", hint=hint)
+        rev = entry.get("revision")
+        if not isinstance(rev, str) or not _REVISION.fullmatch(rev):
+            raise InputFileError(
+                f"{where}.revision: expected a revision name (a commit or sha256-...), found {str(rev)[:80]!r}",
+                hint=hint,
+            )
+        listed = entry.get("files", {})
+        if not isinstance(listed, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in listed.items()
+        ):
+            raise InputFileError(
+                f"{where}.files: expected an object of file path -> sha256 (strings), found "
+                f"{type(listed).__name__ if not isinstance(listed, dict) else 'other values'}",
+                hint=hint,
+            )
+    return models_field
 
 
 def content_revision(directory: Path) -> str:
@@ -87,7 +142,14 @@ def revision(profile: Profile, role: str, ref: ModelRef, host: layout.HostLayout
         return str(ref.revision.value)
     recorded = lock.value(profile.name, f"{role}.revision") if lock is not None else None
     if recorded:
-        return str(recorded)
+        if not isinstance(recorded, str) or not _REVISION.fullmatch(recorded):
+            where = lock.path if lock is not None else "the lock"
+            raise InputFileError(
+                f"lock {where}: {role}.revision of profile {profile.name}: expected a commit SHA, "
+                f"found {str(recorded)[:80]!r}; nothing was served",
+                hint="restore the lock from version control, or remove the entry and run the weights stage again",
+            )
+        return recorded
     entry = read_manifest(host.models).get(ref.repo)
     if entry and entry.get("revision"):
         return str(entry["revision"])
@@ -151,14 +213,36 @@ def _compare(expected: dict[str, str], found: dict[str, str]) -> list[str]:
     ]
 
 
+def _revision_place(
+    profile: Profile, role: str, ref: ModelRef, host: layout.HostLayout, lock: Lock | None
+) -> tuple[str, Path]:
+    """The revision to serve and its directory, refused when something other than a directory is there."""
+    rev = revision(profile, role, ref, host, lock)
+    directory = revision_dir(host, ref.repo, rev)
+    if os.path.lexists(directory) and not directory.is_dir():
+        raise WeightsError(
+            f"{ref.repo}@{rev}: {directory} is a file, not a revision directory; nothing was served",
+            hint=f"move {directory} away, then run the weights stage (fetch, or unpack the archive) again",
+        )
+    recorded = lock.value(profile.name, lock_key(role, rev)) if lock is not None else None
+    if recorded is not None and not (
+        isinstance(recorded, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in recorded.items())
+    ):
+        raise InputFileError(
+            f"lock {lock.path}: entry {lock_key(role, rev)} of profile {profile.name}: expected an object of "
+            f"file -> sha256, found {type(recorded).__name__}; nothing was served",
+            hint="restore the lock from version control (it records the hashes verified at first use)",
+        )
+    return rev, directory
+
+
 def verify(
     profile: Profile, role: str, ref: ModelRef, host: layout.HostLayout, lock: Lock, *, check: bool = False
 ) -> Verified:
     """Hash a revision directory and compare it with the archive's manifest (when it came in
     one) and with the lock's record for this revision (recorded here at its first use, unless
     `check`: then a revision not fetched yet is reported, not refused)."""
-    rev = revision(profile, role, ref, host, lock)
-    directory = revision_dir(host, ref.repo, rev)
+    rev, directory = _revision_place(profile, role, ref, host, lock)
     if check and not directory.is_dir():
         return Verified(role, ref.repo, rev, str(directory), 0, False, ["not fetched yet"])
     if not directory.is_dir():
@@ -197,17 +281,32 @@ def relative_link(link: Path, target: Path) -> str:
     return os.path.relpath(target, link.parent)
 
 
-def point(link: Path, target: Path, keeper: Keeper | None, *, check: bool = False) -> bool:
-    """Point `link` at `target` by a relative link, keeping the old link for a rollback; True
-    when it changed. One rename(2): the engine never sees a half-switched revision."""
-    wanted = relative_link(link, target)
-    if link.is_symlink() and os.readlink(link) == wanted:
-        return False
-    if link.exists() and not link.is_symlink():
+def check_link_place(link: Path) -> None:
+    """Refuse, before anything changes, a serving link whose directory is a file (a `--serving-dir`
+    naming a file was reported as "free space or remount") or whose place holds a real file or
+    directory (specdeploy serves through links only and never replaces data)."""
+    parent = link.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(
+            f"serving directory {link.parent}: {parent} is a file, not a directory; nothing was served",
+            hint="move that file away, or pass --serving-dir (specdeploy_serving_dir) a directory",
+        )
+    if os.path.lexists(link) and not link.is_symlink():
         raise WriteError(
             f"{link} is a {'directory' if link.is_dir() else 'file'}, not a link to a verified revision",
             hint="specdeploy serves weights through links only; move it away and re-run",
         )
+
+
+def point(link: Path, target: Path, keeper: Keeper | None, *, check: bool = False) -> bool:
+    """Point `link` at `target` by a relative link, keeping the old link for a rollback; True
+    when it changed. One rename(2): the engine never sees a half-switched revision."""
+    wanted = relative_link(link, target)
+    check_link_place(link)
+    if link.is_symlink() and os.readlink(link) == wanted:
+        return False
     if check:
         return True
     staged = keeper.stage(link) if keeper else None
@@ -240,8 +339,11 @@ def serve(
     check: bool = False,
 ) -> Served:
     """Verify the profile's revisions, then point `<serving>/target` (and `drafter-source`) at them."""
-    verified = [verify(profile, role, ref, host, lock, check=check) for role, ref in models_of(profile)]
     links = {"target": host.target_serving, "drafter": host.drafter_source}
+    for role, ref in models_of(profile):  # checked before anything is hashed or recorded: a refusal changes nothing
+        check_link_place(links[role])
+        _revision_place(profile, role, ref, host, lock)
+    verified = [verify(profile, role, ref, host, lock, check=check) for role, ref in models_of(profile)]
     changed = [str(links[v.role]) for v in verified if point(links[v.role], Path(v.directory), keeper, check=check)]
     return Served(verified, changed)
 
@@ -270,16 +372,7 @@ def prune(host: layout.HostLayout, keep: int, *, check: bool = False) -> list[st
     push an older one out; what the last unpacked archive holds stays too. Only directories
     specdeploy verified (they hold its bookkeeping) are candidates; anything else stays."""
     kept = linked(host)
-    passing = []
-    if host.runs.is_dir():
-        for run in host.runs.iterdir():
-            report = run / "gate.json"
-            try:
-                data = json.loads(report.read_text())
-            except (OSError, json.JSONDecodeError):
-                continue
-            if data.get("verdict") == "pass" and data.get("served"):
-                passing.append((data.get("finished_at") or "", data["served"]))
+    passing = [(finished, served) for finished, served in map(_passing_run, _gate_reports(host)) if served]
     recent: dict[Path, list[Path]] = {}  # a model's directory (or the builds dir) -> its newest distinct entries
     for _, served in sorted(passing, key=lambda run: run[0], reverse=True):
         for path in map(Path, served):
@@ -292,17 +385,76 @@ def prune(host: layout.HostLayout, keep: int, *, check: bool = False) -> list[st
     # changes, so a pruned revision of it would not come back (a hub revision is fetched again)
     kept.update(revision_dir(host, repo, e["revision"]).resolve() for repo, e in read_manifest(host.models).items())
     removed = []
-    candidates = [p.parent for p in host.models.glob(f"*/*/*/{STATE_DIR}")]
+    failed: list[str] = []
+    candidates = [p.parent for p in host.models.glob(f"*/*/*/{STATE_DIR}")] if host.models.is_dir() else []
     builds = host.serving / layout.DRAFTER_BUILDS
     if builds.is_dir():
         candidates += [p for p in builds.iterdir() if p.is_dir() and not p.name.startswith(".")]
     for directory in candidates:
-        if directory.resolve() in kept:
+        if directory.resolve() in kept or directory.is_symlink():
             continue
-        removed.append(str(directory))
         if not check:
-            shutil.rmtree(directory, ignore_errors=True)
+            problem = _remove_tree(directory)
+            if problem:
+                failed.append(f"{directory} ({problem})")
+                continue
+        removed.append(str(directory))
+    if failed:
+        raise WeightsError(
+            f"could not remove {len(failed)} old revision(s): "
+            + "; ".join(failed[:5])
+            + (f"; removed {len(removed)}" if removed else ""),
+            hint="check ownership and that the filesystem is writable (the deploy runs as root), then run the "
+            "prune again",
+        )
     return sorted(removed)
+
+
+def _remove_tree(directory: Path) -> str | None:
+    """Delete `directory`; the first thing that could not be deleted, or None."""
+    errors: list[str] = []
+    shutil.rmtree(directory, onerror=lambda _f, path, exc: errors.append(f"{path}: {exc[1]}"))
+    return errors[0] if errors else None
+
+
+def _gate_reports(host: layout.HostLayout) -> list[Path]:
+    """Every run's gate report (a run without one never passed: it is not a report to read)."""
+    if not host.runs.is_dir():
+        return []
+    return sorted(run / "gate.json" for run in host.runs.iterdir() if os.path.lexists(run / "gate.json"))
+
+
+def _passing_run(report: Path) -> tuple[str, list[str]]:
+    """(finished_at, served) of a passing run's report, ("", []) for any other verdict. A report
+    that cannot be read or has another shape stops the prune: what that run served is unknown,
+    and deleting it could delete the revision a rollback needs."""
+    hint = (
+        f"repair or remove {report.parent} (a run record the gate wrote; `specdeploy rollback` and the prune read "
+        "it), then run the prune again"
+    )
+    data = _read_json(report, what="gate report", hint=hint)
+    if not isinstance(data, dict):
+        raise InputFileError(
+            f"gate report {report}: expected a JSON object at the top level, found {type(data).__name__}; "
+            "nothing was pruned",
+            hint=hint,
+        )
+    if data.get("verdict") != "pass":
+        return "", []
+    served, finished = data.get("served"), data.get("finished_at") or ""
+    if not isinstance(served, list) or not all(isinstance(p, str) and p for p in served):
+        raise InputFileError(
+            f"gate report {report}: field served: expected a list of served paths, found {str(served)[:80]!r}; "
+            "nothing was pruned (what that passing run served is unknown)",
+            hint=hint,
+        )
+    if not isinstance(finished, str):
+        raise InputFileError(
+            f"gate report {report}: field finished_at: expected a time (text), found {str(finished)[:80]!r}; "
+            "nothing was pruned",
+            hint=hint,
+        )
+    return finished, served
 
 
 # --------------------------------------------------------------------------- access
@@ -315,6 +467,26 @@ def restrict_to_engine(roots: list[Path], gid: int, *, check: bool = False) -> l
     file module cannot do this idempotently: under --check it reports every symlink as
     changed (a link has no mode of its own)."""
     changed: list[str] = []
+    if isinstance(gid, bool) or not isinstance(gid, int) or not 0 <= gid <= MAX_GID:
+        raise UsageError(
+            f"--gid {gid}: expected the engine's group id, 0 to {MAX_GID}; nothing was changed",
+            hint="pass the engine's gid (`specdeploy facts`: unit.uid, 10001 by default); -1 would leave the group "
+            "as it is and never converge",
+        )
+    for root in roots:  # every root checked before the first change: a refusal changes nothing
+        root = Path(root)
+        if Path(os.path.abspath(root)) == Path("/"):
+            raise UsageError(
+                f"{root}: the filesystem root is not a models or serving directory; nothing was changed",
+                hint="pass --models-dir and --serving-dir the directories specdeploy keeps weights in",
+            )
+        if os.path.lexists(root) and not root.is_dir():
+            info = root.lstat()
+            found = "a regular file" if stat.S_ISREG(info.st_mode) else "not a directory"
+            raise UsageError(
+                f"{root}: expected a models or serving directory, found {found}; nothing was changed",
+                hint="pass --models-dir and --serving-dir the directories specdeploy keeps weights in",
+            )
 
     def fix(path: Path, mode: int | None) -> None:
         st = path.lstat()
@@ -324,19 +496,26 @@ def restrict_to_engine(roots: list[Path], gid: int, *, check: bool = False) -> l
         changed.append(str(path))
         if check:
             return
-        os.lchown(path, 0, gid)
-        if mode is not None:
-            os.chmod(path, mode)
+        try:
+            os.lchown(path, 0, gid)
+            if mode is not None:
+                os.chmod(path, mode)
+        except OSError as exc:
+            raise WeightsError(
+                f"cannot give {path} to root:{gid} mode {oct(mode or 0)}: {exc.strerror or exc}; "
+                f"{len(changed) - 1} path(s) changed before it",
+                hint="run as root (the deploy does), on a filesystem that keeps ownership, then run this again",
+            ) from None
 
     for root in roots:
         if not Path(root).exists():
             continue
         fix(Path(root), DIR_MODE)
-        for directory, dirs, files in os.walk(root):
+        for directory, dirs, names in os.walk(root):
             for name in dirs:
                 path = Path(directory) / name
                 fix(path, None if path.is_symlink() else DIR_MODE)
-            for name in files:
+            for name in names:
                 path = Path(directory) / name
                 fix(path, None if path.is_symlink() else FILE_MODE)
     return changed

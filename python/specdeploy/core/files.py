@@ -1,0 +1,149 @@
+"""Bounded, typed reads of every file a user hands specdeploy.
+
+Failures prevented (tried as a hostile environment would): a 49 MB config.json with a
+2.4M-entry `layer_types` took 151 s and 8.8 GB of memory; a FIFO named config.json blocked
+the command forever; a config.json that was a directory was reported as
+`.../config.json/config.json`; a file that is not UTF-8 or JSON nested thousands deep ended in
+a traceback. Every read goes through here: regular files only, a byte ceiling per kind of
+file, strict UTF-8, and JSON whose errors name the line and column — each refusal a
+`InputFileError` (exit 2, bad input) naming the file, what was expected, what was found and
+what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from specdeploy.core.errors import InputFileError
+
+MIB = 1024 * 1024
+# Ceilings by kind of file: generous for every real file of its kind, small enough that a
+# hostile one fails in well under a second.
+LIMITS = {
+    "json": 8 * MIB,  # config.json, lock, reports, manifests (a real drafter config is ~2 KB)
+    "yaml": 1 * MIB,  # profiles (~5 KB)
+    "text": 64 * MIB,  # logs (a startup log, a golden transcript)
+    "key": 64 * 1024,  # tokens and API keys
+}
+
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def _size(n: int) -> str:
+    return f"{n / MIB:.1f} MiB" if n >= MIB else f"{n} bytes"
+
+
+def read_bytes(path: Path | str, *, what: str, limit: int = LIMITS["json"], hint: str | None = None) -> bytes:
+    """The bytes of `path`, a regular file of at most `limit` bytes, or an InputFileError
+    naming `what` (e.g. "drafter config", "lock file") and the fix (`hint` when the caller
+    knows a better one than the generic)."""
+    path = Path(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise InputFileError(
+            f"{what} {path} does not exist", hint=hint or f"pass the path of an existing {what}"
+        ) from None
+    except NotADirectoryError:
+        raise InputFileError(
+            f"{what} {path}: a component of the path is a file, not a directory", hint=hint or "check the path"
+        ) from None
+    except PermissionError:
+        raise InputFileError(
+            f"{what} {path} cannot be read: permission denied", hint="run as a user that can read it (root on a host)"
+        ) from None
+    except OSError as exc:
+        raise InputFileError(
+            f"{what} {path} cannot be read: {exc.strerror or exc}", hint=hint or "check the path"
+        ) from None
+    kind = stat.S_IFMT(info.st_mode)
+    if kind != stat.S_IFREG:
+        found = _KINDS.get(kind, "not a regular file")
+        raise InputFileError(
+            f"{what} {path}: expected a regular file, found {found}",
+            hint=hint or f"pass the path of the {what} file itself",
+        )
+    if info.st_size > limit:
+        raise InputFileError(
+            f"{what} {path} is {_size(info.st_size)}, over the {_size(limit)} a {what} may be; not read",
+            hint=f"a real {what} is far smaller: check that this is the right file",
+        )
+    try:
+        # O_NONBLOCK: a file swapped for a FIFO after the check above still cannot block the read
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except PermissionError:
+        raise InputFileError(
+            f"{what} {path} cannot be read: permission denied", hint="run as a user that can read it (root on a host)"
+        ) from None
+    except OSError as exc:
+        raise InputFileError(
+            f"{what} {path} cannot be read: {exc.strerror or exc}", hint=hint or "check the path"
+        ) from None
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(limit + 1)  # a file that grew past the ceiling since the check is refused too
+    if len(data) > limit:
+        raise InputFileError(
+            f"{what} {path} is over the {_size(limit)} a {what} may be; not read",
+            hint=f"a real {what} is far smaller: check that this is the right file",
+        )
+    return data
+
+
+def decode(data: bytes, path: Path | str, *, what: str) -> str:
+    """`data` as UTF-8, or an InputFileError naming the first byte that is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(
+            f"{what} {path} is not UTF-8 text: byte {data[exc.start]:#04x} at offset {exc.start}",
+            hint=f"save the {what} as UTF-8 (a binary file or another encoding was given)",
+        ) from None
+
+
+def read_text(path: Path | str, *, what: str, limit: int = LIMITS["text"], hint: str | None = None) -> str:
+    return decode(read_bytes(path, what=what, limit=limit, hint=hint), path, what=what)
+
+
+def parse_json(text: str, origin: str, *, what: str) -> Any:
+    """`text` as JSON, or an InputFileError with the line and column (and for JSON nested past
+    Python's recursion limit, say so instead of a RecursionError)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputFileError(
+            f"{what} {origin} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
+            hint=f"fix the {what} (or restore it from where it came from)",
+        ) from None
+    except RecursionError:
+        raise InputFileError(
+            f"{what} {origin} is not usable JSON: nested too deeply to be a {what}",
+            hint="check that this is the right file",
+        ) from None
+    except ValueError as exc:  # e.g. an integer longer than Python converts (sys.get_int_max_str_digits)
+        raise InputFileError(
+            f"{what} {origin} is not usable JSON: {exc}", hint="check that this is the right file"
+        ) from None
+
+
+def read_json(path: Path | str, *, what: str, limit: int = LIMITS["json"], hint: str | None = None) -> Any:
+    return parse_json(read_text(path, what=what, limit=limit, hint=hint), str(path), what=what)
+
+
+def expect_mapping(data: Any, origin: str, *, what: str) -> dict[str, Any]:
+    """`data` when it is a JSON object, else an InputFileError naming what was found."""
+    if not isinstance(data, dict):
+        raise InputFileError(
+            f"{what} {origin}: expected a JSON object at the top level, found {type(data).__name__}",
+            hint="check that this is the right file",
+        )
+    return data
