@@ -119,22 +119,35 @@ class Vault:
     file: Path
     password_file: Path
 
-    def _lib(self) -> Any:
-        from ansible.constants import DEFAULT_VAULT_ID_MATCH
-        from ansible.parsing.vault import VaultLib, VaultSecret
-
-        return VaultLib([(DEFAULT_VAULT_ID_MATCH, VaultSecret(self.password_file.read_bytes().strip()))])
+    def _vault(self, action: str, data: bytes, *, output: Path | None = None) -> bytes:
+        """`ansible-vault <action>` as a program, the data on its standard input (never in argv).
+        Not in-process: ansible-core patches `sys.intern` on import, which torch then refuses."""
+        argv = [
+            str(Path(sys.executable).parent / "ansible-vault"), action, "--vault-password-file",
+            str(self.password_file), "--output", str(output) if output else "-", "-",
+        ]  # fmt: skip
+        done = subprocess.run(argv, input=data, capture_output=True)
+        if done.returncode != 0:
+            raise SpecdeployError(
+                f"ansible-vault {action} {self.file} failed: {done.stderr.decode(errors='replace').strip()[-300:]}",
+                hint=f"remove {self.file.parent} to start with a new vault (the rehearsal's secrets are generated)",
+            )
+        return done.stdout
 
     def values(self) -> dict[str, str]:
         """The play variables (weights_hf_token, engine_api_key), decrypted."""
         if not self.file.is_file():
             return {}
-        stored = json.loads(self._lib().decrypt(self.file.read_bytes()))
+        stored = json.loads(self._vault("decrypt", self.file.read_bytes()))
         return {play: stored[name] for play, name in VAULT_VARIABLES.items() if name in stored}
 
     def write(self, values: dict[str, str]) -> None:
         stored = json.dumps({VAULT_VARIABLES[play]: value for play, value in values.items()}).encode()
-        _write_private(self.file, self._lib().encrypt(stored))
+        partial = self.file.with_name(self.file.name + ".partial")
+        partial.unlink(missing_ok=True)
+        _write_private(partial, b"")  # owner-only before ansible-vault writes the ciphertext into it
+        self._vault("encrypt", stored, output=partial)
+        os.replace(partial, self.file)
 
     def group_vars(self, inventory: Path) -> None:
         """The vault file and its mapping beside the inventory, as `group_vars/<group>/` (a site's layout)."""
