@@ -26,6 +26,55 @@ from typer.testing import CliRunner
 from specdeploy.cli import app
 from specdeploy.core.errors import EXIT_INTERNAL
 
+# The suite's figures (README "Bad input"), per command: CLI calls made by the cases, answered
+# as promised (exit code, names and fix, no traceback), and checked byte-identical where nothing may change
+FIGURES: dict[str, dict[str, int]] = {}
+
+
+def _command(args: tuple[object, ...]) -> str:
+    """`specdeploy image check ...` -> "image check": the verb, and its subcommand for a group."""
+    import typer.main
+
+    root = typer.main.get_command(app)
+    words = [str(a) for a in args if not str(a).startswith("-")][:2]
+    if not words:
+        return "(no command)"
+    group = getattr(root, "commands", {}).get(words[0])
+    return " ".join(words) if hasattr(group, "commands") and len(words) > 1 else words[0]
+
+
+def _count(command: str, key: str) -> None:
+    FIGURES.setdefault(command, {"tried": 0, "clear": 0, "unchanged": 0})[key] += 1
+
+
+LAST = ["(no command)"]  # the command a snapshot's check belongs to: the one run since it was taken
+
+
+def _tried(args: tuple[object, ...]) -> str:
+    LAST[0] = _command(args)
+    _count(LAST[0], "tried")
+    return LAST[0]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every case finishes in seconds: a hang fails its case after 60 s, not the suite after 900."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.timeout(60))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The figures, per command, after a run of the suite (README "Bad input")."""
+    if not FIGURES:
+        return
+    terminalreporter.section("bad-input figures: cases tried / answered clearly / nothing changed where checked")
+    for command, figures in sorted(FIGURES.items()):
+        terminalreporter.write_line(f"{command:24} {figures['tried']:4} {figures['clear']:4} {figures['unchanged']:4}")
+    total = {key: sum(f[key] for f in FIGURES.values()) for key in ("tried", "clear", "unchanged")}
+    terminalreporter.write_line(f"{'all commands':24} {total['tried']:4} {total['clear']:4} {total['unchanged']:4}")
+
+
 ROOT = Path(__file__).resolve().parents[2]
 FALLBACK = "a bug in specdeploy"  # the boundary's generic internal-error message
 
@@ -37,21 +86,39 @@ class Answer:
     exit_code: int
     stdout: str
     stderr: str
+    command: str = "(no command)"
 
     @property
     def text(self) -> str:
         return self.stdout + self.stderr
 
+    def advice(self) -> list[str]:
+        """What the answer tells the user to do: each `fix:` line (with the lines that continue
+        it) and each `diagnosis:` line of a smoke report."""
+        found = []
+        for marker in ("fix:", "diagnosis:"):
+            for part in self.text.split(marker)[1:]:
+                lines = part.split("\n")
+                tail = [line for line in lines[1:4] if line.startswith("    ")]  # a wrapped hint's lines
+                found.append(" ".join([lines[0], *(line.strip() for line in tail)]))
+        return found
+
     def expect(self, exit_code: int, *names: str, fix: str | None = None) -> Answer:
         """The documented exit code, each of `names` (the field, the file, the found value) in
-        the message, the fix when given, and no traceback or internal-error fallback."""
+        the message, no traceback or internal-error fallback, and — for every non-zero exit —
+        `fix` in the advice itself: a `fix:` line (or the smoke's `diagnosis:` line), not
+        merely somewhere in the message."""
         assert "Traceback (most recent call last)" not in self.text, self.text[-3000:]
         assert FALLBACK not in self.text and self.exit_code != EXIT_INTERNAL, self.text[-3000:]
         assert self.exit_code == exit_code, f"exit {self.exit_code}, expected {exit_code}:\n{self.text[-3000:]}"
         for name in names:
             assert name in self.text, f"{name!r} not in the message:\n{self.text[-3000:]}"
+        if exit_code != 0:
+            assert fix, "a case with a non-zero exit names the fix it expects (expect(..., fix=...))"
         if fix is not None:
-            assert "fix:" in self.text and fix in self.text, f"no fix {fix!r}:\n{self.text[-3000:]}"
+            advice = self.advice()
+            assert any(fix in line for line in advice), f"no fix {fix!r} in the advice {advice}:\n{self.text[-3000:]}"
+        _count(self.command, "clear")
         return self
 
 
@@ -64,14 +131,16 @@ def run() -> Run:
     runner = CliRunner()
 
     def invoke(*args: object, input: str | None = None, env: dict[str, str] | None = None) -> Answer:
+        command = _tried(args)
         result = runner.invoke(app, [str(a) for a in args], input=input, env=env, catch_exceptions=True)
         if result.exception is not None and not isinstance(result.exception, SystemExit):
             # escaped the boundary altogether: the worst kind of answer, report it as a traceback
             import traceback
 
             tb = "".join(traceback.format_exception(result.exception))
-            return Answer(EXIT_INTERNAL, result.stdout, result.stderr + "\nTraceback (most recent call last)\n" + tb)
-        return Answer(result.exit_code, result.stdout, result.stderr)
+            text = result.stderr + "\nTraceback (most recent call last)\n" + tb
+            return Answer(EXIT_INTERNAL, result.stdout, text, command)
+        return Answer(result.exit_code, result.stdout, result.stderr, command)
 
     return invoke
 
@@ -84,13 +153,14 @@ def run_process() -> Run:
     def invoke(
         *args: object, input: str | None = None, env: dict[str, str] | None = None, timeout: float = 20
     ) -> Answer:
+        command = _tried(args)
         argv = [sys.executable, "-m", "specdeploy", *(str(a) for a in args)]
         full_env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT)])}
         try:
             done = subprocess.run(argv, input=input, capture_output=True, text=True, env=full_env, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             pytest.fail(f"specdeploy {' '.join(map(str, args))} hung for {timeout} s: {exc.stderr!r}")
-        return Answer(done.returncode, done.stdout, done.stderr)
+        return Answer(done.returncode, done.stdout, done.stderr, command)
 
     return invoke
 
@@ -125,6 +195,7 @@ class Snapshot:
     def unchanged(self) -> bool:
         changed = self.changes()
         assert not changed, f"changed: {changed}"
+        _count(LAST[0], "unchanged")
         return True
 
 
