@@ -228,7 +228,7 @@ def test_a_400k_entry_layer_types_fails_its_check_fast_and_is_shown_shortened(
     hostile = dict(good, layer_types=["full_attention"] * 400_000)  # ~7 MB: under the ceiling
     drafter = download(tmp_path / "drafter", json.dumps(hostile))
     answer = run_process("verify-config", drafter, "--profile", profile_path, timeout=15)
-    answer.expect(1, "layer_types", "(400000", "entries")
+    answer.expect(1, "layer_types", "(400000", "entries", fix="layer_types: use the drafter's own config.json at the")
     assert len(answer.text) < 50_000, f"the report printed {len(answer.text)} characters"
 
 
@@ -263,7 +263,7 @@ def test_a_field_set_in_both_dialects_with_different_values_is_refused_naming_bo
     config, here, there = _contradict(good, name)
     drafter = download(tmp_path / "drafter", config)
     answer = run("verify-config", drafter, "--profile", profile_path)
-    answer.expect(1, here, there, "different values", "check(s) failed")
+    answer.expect(1, here, there, "different values", "check(s) failed", fix=f"keep {name} in one place with one value")
 
 
 def test_a_field_set_in_both_dialects_with_one_value_verifies(
@@ -502,7 +502,7 @@ def test_a_deeply_nested_source_config_is_refused_and_nothing_is_written(
     source = download(tmp_path / "models" / "drafter" / "rev1", "[" * 100_000 + "]" * 100_000)
     answer = write_config(run, serving, profile_path, source, lock)
     assert not (tmp_path / "serving").exists() and not lock.exists()
-    answer.expect(2, str(source / "config.json"), "not usable JSON")
+    answer.expect(2, str(source / "config.json"), "not usable JSON", fix="right file")
 
 
 @pytest.mark.parametrize(

@@ -263,9 +263,14 @@ def test_the_nvlink_check_on_one_gpu_says_there_is_nothing_to_check_not_ok(
     """D17: a TP=2 profile on a host with one GPU said "nvlink ok, NVLink: ?"."""
     one_gpu_topo = "\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-63\t0\n"
     smi = recorded_smi(tmp_path, "a6000-x1-r515", topo=one_gpu_topo)
-    answer = run(*preflight(smi, "--json")).expect(1, "nvlink")
-    nvlink = next(c for c in json.loads(answer.stdout)["checks"] if c["name"] == "nvlink")
-    assert nvlink["level"] == "skip" and "no group of 2 GPUs" in nvlink["found"], nvlink
+    answer = run(*preflight(smi)).expect(
+        1,
+        "no group of 2 GPUs to check",
+        fix="deploy to a host with 2 GPUs, or use a profile with tensor_parallel_size 1",
+    )
+    nvlink = next(line for line in answer.stdout.splitlines() if line.startswith("│ nvlink "))
+    assert [cell.strip() for cell in nvlink.split("│")][2] == "skip", nvlink
+    assert "no group of 2 GPUs" in nvlink and "fail nvlink" not in answer.text
     assert "NVLink: ?" not in answer.text
 
 
@@ -839,3 +844,75 @@ def test_cdi_record_of_a_spec_that_is_a_directory_records_nothing(
 
 def test_cdi_status_with_a_program_timeout_of_zero_is_a_usage_error(run: Run, cdi_host: dict[str, Path]) -> None:
     run(*cdi_argv("status", cdi_host), "--timeout", "0").expect(2, "--timeout 0", fix="--timeout 60")
+
+
+def untouchable_smi(tmp_path: Path) -> Path:
+    """An nvidia-smi stand-in that leaves a mark when run: a refusal must come before it."""
+    return script(tmp_path / "tripwire-smi", f"touch {tmp_path / 'smi-ran'}\nexit 1\n")
+
+
+def test_cdi_record_of_a_spec_that_does_not_exist_records_nothing_and_runs_no_nvidia_smi(
+    run: Run, cdi_host: dict[str, Path], tmp_path: Path, snapshot: Callable[..., Snapshot]
+) -> None:
+    """`record` right after a `nvidia-ctk cdi generate` that failed (or wrote elsewhere)."""
+    spec = cdi_host["root"] / "etc" / "cdi" / "nvidia-gpu.yaml"
+    smi = untouchable_smi(tmp_path)
+    before = snapshot(cdi_host["root"])
+    run(*cdi_argv("record", cdi_host, spec=spec, smi=smi)).expect(
+        2, str(spec), "does not exist", "nothing to record", fix=f"nvidia-ctk cdi generate --output {spec}"
+    )
+    before.unchanged()
+    assert not (tmp_path / "smi-ran").exists() and not (cdi_host["state"] / "cdi.json").exists()
+
+
+def test_cdi_record_of_a_spec_that_is_a_fifo_is_refused_without_hashing_it(
+    run_process: Run, cdi_host: dict[str, Path], tmp_path: Path
+) -> None:
+    """Hashing a FIFO blocks until something writes to it: it must be refused by its type."""
+    spec = fifo(cdi_host["root"] / "etc" / "cdi" / "nvidia-fifo.yaml")
+    answer = run_process(*cdi_argv("record", cdi_host, spec=spec, smi=untouchable_smi(tmp_path)), timeout=15)
+    answer.expect(2, str(spec), "a FIFO (named pipe)", fix="nvidia-ctk cdi generate")
+    assert not (tmp_path / "smi-ran").exists() and not (cdi_host["state"] / "cdi.json").exists()
+
+
+@pytest.mark.parametrize("timeout", ["0", "-5", "nan", "3601"])
+def test_cdi_record_with_a_program_timeout_out_of_range_is_a_usage_error_that_records_nothing(
+    run: Run, cdi_host: dict[str, Path], tmp_path: Path, timeout: str
+) -> None:
+    smi = untouchable_smi(tmp_path)
+    run(*cdi_argv("record", cdi_host, smi=smi), "--timeout", timeout).expect(
+        2, f"--timeout {float(timeout):g}", "at most 3600", fix="--timeout 60"
+    )
+    assert not (tmp_path / "smi-ran").exists() and not cdi_host["state"].exists()
+
+
+def test_cdi_record_when_the_gpus_report_different_drivers_records_nothing(
+    run: Run, cdi_host: dict[str, Path], tmp_path: Path, snapshot: Callable[..., Snapshot]
+) -> None:
+    """Half-way through a driver upgrade: no one spec fits both GPUs, so no stamp may say it does."""
+    csv = write(
+        tmp_path / "mixed.csv",
+        "name, compute_cap, driver_version, pci.bus_id, memory.total [MiB]\n"
+        "NVIDIA H200, 9.0, 580.159.04, 00000000:00:06.0, 143771 MiB\n"
+        "NVIDIA H200, 9.0, 570.86.15, 00000000:00:07.0, 143771 MiB\n",
+    )
+    smi = script(tmp_path / "mixed-smi", f'cat "{csv}"\n')
+    before = snapshot(cdi_host["root"])
+    run(*cdi_argv("record", cdi_host, smi=smi)).expect(
+        1,
+        "different driver versions",
+        "580.159.04",
+        "570.86.15",
+        fix="reboot the host so every GPU runs the same driver",
+    )
+    before.unchanged()
+    assert not (cdi_host["state"] / "cdi.json").exists()
+
+
+def test_cdi_record_with_an_nvidia_smi_that_hangs_records_nothing_after_the_timeout(
+    run_process: Run, cdi_host: dict[str, Path], tmp_path: Path
+) -> None:
+    smi = script(tmp_path / "hanging-smi", "sleep 30\n")
+    answer = run_process(*cdi_argv("record", cdi_host, smi=smi), "--timeout", "1", timeout=15)
+    answer.expect(1, "cannot read the driver version", "did not finish within 1 s", fix="dmesg")
+    assert not (cdi_host["state"] / "cdi.json").exists()

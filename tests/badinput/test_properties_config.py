@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,13 @@ from specdeploy.drafter import verify
 from specdeploy.profile import Profile, drafter_fields
 from specdeploy.rehearsal import variants
 
+# Per example: typical runs take milliseconds (--hypothesis-show-statistics); an input that makes a parser
+# unbounded (D14: minutes) fails at once, while a loaded 2-core CI machine has room to spare.
+DEADLINE = timedelta(seconds=2)
+
 SETTINGS = settings(
     max_examples=200,
-    deadline=None,
+    deadline=DEADLINE,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -7,14 +7,15 @@ renderer (`unit render|install`), arbitrary podman label output to `image check`
 bytes to the API key reader (`engine api-key`) and arbitrary `--driver` values to the driver
 check. Each either answers or raises a SpecdeployError subclass (exit 1 or 2 with a message);
 a rendered unit never gains a line, a section or a directive its profile did not ask for.
-Bounded: derandomized, at most 200 examples a property, no deadline (a slow CI machine is not
-a failure).
+Bounded: derandomized, at most 200 examples a property, each within a deadline of seconds (ample
+for a slow CI machine; an unbounded parse fails).
 """
 
 from __future__ import annotations
 
 import io
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,11 @@ from specdeploy.images import build, ensure
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rehearsal import variants
 
-SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+# Per example: typical runs take milliseconds (--hypothesis-show-statistics); an input that makes a parser
+# unbounded (D14: minutes) fails at once, while a loaded 2-core CI machine has room to spare.
+DEADLINE = timedelta(seconds=2)
+
+SETTINGS = settings(max_examples=200, deadline=DEADLINE, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 DIGEST_REF = "localhost/specdeploy-rehearsal/vllm-cpu@sha256:" + "0" * 64
 CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")  # every control character but the line feed
 
@@ -98,7 +103,9 @@ def test_any_text_polled_from_a_journal_ends_in_a_check_or_specdeploy_error(text
     assert isinstance(check.ok, bool)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=DEADLINE, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.binary(max_size=4000))
 def test_any_bytes_in_a_saved_log_file_are_read_or_refused(tmp_path: Path, data: bytes) -> None:
     log = tmp_path / "engine.log"

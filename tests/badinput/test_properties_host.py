@@ -4,8 +4,9 @@ report, and whatever string is given as an endpoint, the answer is a value or on
 project's own errors (a SpecdeployError subclass, which the CLI turns into a message and an exit
 code) — never another exception, which the CLI would report as a bug (exit 70).
 
-Bounded and repeatable: derandomized, at most 200 examples each, no deadline (the machine is
-shared); files are written into one temporary directory per test.
+Bounded and repeatable: derandomized, at most 200 examples each, each within a deadline of
+seconds (ample on a shared machine; an unbounded parse fails); files are written into one
+temporary directory per test.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,15 @@ from specdeploy.core.errors import SpecdeployError
 from specdeploy.host import cdi, gpus, preflight
 from specdeploy.weights import fetch, store
 
+# Per example: typical runs take milliseconds (--hypothesis-show-statistics); an input that makes a parser
+# unbounded (D14: minutes) fails at once, while a loaded 2-core CI machine has room to spare.
+DEADLINE = timedelta(seconds=2)
+
 SETTINGS = settings(
-    max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=200, deadline=DEADLINE, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 SMALL = settings(
-    max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=DEADLINE, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 # text that looks like nvidia-smi's: its field names and values, or noise

@@ -14,6 +14,7 @@ import json
 import re
 import tempfile
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,15 @@ BASE_TEXT = (ROOT / "profiles" / "cpu-rehearsal.yaml").read_text(encoding="utf-8
 BASE = yaml.safe_load(BASE_TEXT)
 PROFILE = load_profile(ROOT / "profiles" / "cpu-rehearsal.yaml")
 
+# Per example: typical runs take milliseconds (--hypothesis-show-statistics); an input that makes a parser
+# unbounded (D14: minutes) fails at once, while a loaded 2-core CI machine has room to spare.
+DEADLINE = timedelta(seconds=2)
+
 SETTINGS = settings(
-    max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=200, deadline=DEADLINE, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 FEW = settings(
-    max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=100, deadline=DEADLINE, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 

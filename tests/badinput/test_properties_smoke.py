@@ -5,7 +5,14 @@ endpoint URL, a golden transcript and the rollback run record. Whatever the inpu
 exception is the project's own (`SpecdeployError`, whose subclasses the CLI maps to exit codes);
 a KeyError, a JSONDecodeError or a ValueError from a third-party parser would be a traceback.
 
-Bounded and reproducible: `derandomize=True`, at most 200 examples a property, no deadline.
+Short text cannot reach every failure: `json.loads` raises a bare ValueError for an integer of
+more than `sys.get_int_max_str_digits()` (4300) digits. `long_json` draws JSON bodies holding
+numbers of 4290-6000 digits (around the limit, and well past it) in the places the parsers read,
+for each decoder of outside text: core.files.loads, the smoke's engine answers and known-answer
+check, the engine clients, golden transcripts, the rollback run record, podman's labels.
+
+Bounded and reproducible: `derandomize=True`, at most 200 examples a property (60 for the long
+numbers), no deadline.
 """
 
 from __future__ import annotations
@@ -20,13 +27,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from specdeploy.core import files, keeper
 from specdeploy.core.errors import SpecdeployError
+from specdeploy.images import ensure
+from specdeploy.profile.schema import KnownAnswer
 from specdeploy.rollback import restore
 from specdeploy.smoke import clients, metrics, responses, stages
 
 SETTINGS = settings(
     max_examples=200,
-    deadline=None,
+    deadline=2000,  # ms per example (typical: well under 100 ms); a hang fails, a slow machine does not
     derandomize=True,
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
@@ -48,6 +58,33 @@ json_values = st.recursive(
     ),
     max_leaves=24,
 )
+
+
+# Numbers around and past the digits Python converts (4300): integers, negative, with a fraction or
+# an exponent (floats convert at any length), and with leading zeros (not JSON at all).
+long_numbers = st.builds(
+    lambda sign, digits, n, tail: sign + (digits * (n // len(digits) + 1))[:n] + tail,
+    st.sampled_from(["", "-"]),
+    st.sampled_from(["1", "7", "1234567890", "0123"]),  # "0123...": a leading zero, not JSON at all
+    st.integers(min_value=4290, max_value=6000),
+    st.sampled_from(["", "", ".5", "e3", "E-2"]),
+)
+# Where the parsers read a number (and a bare one): a body otherwise of the right shape.
+LONG_WRAPS = [
+    "{}",
+    "[{}]",
+    '{{"object": "list", "data": [{{"id": "m", "created": {}}}]}}',
+    '{{"version": "0.32.0", "build": {}}}',
+    '{{"choices": [{{"message": {{"content": "Paris"}}, "finish_reason": "stop"}}], '
+    '"usage": {{"completion_tokens": {}}}}}',
+    '{{"choices": [{{"text": " x", "finish_reason": "length"}}], "usage": {{"completion_tokens": {}}}}}',
+    '{{"text": "x", "meta_info": {{"completion_tokens": 3, "spec_verify_ct": {}}}}}',
+    '{{"outputs": {{"What is 6 times 7?": {}}}}}',
+    '{{"run_id": "r0", "entries": [{{"path": "/srv/x", "kind": "absent", "saved_at": {}, "copy": null}}]}}',
+    '{{"org.opencontainers.image.version": {}}}',
+]
+long_json = st.builds(lambda wrap, number: wrap.format(number), st.sampled_from(LONG_WRAPS), long_numbers)
+LONG = settings(SETTINGS, max_examples=60)
 
 
 def only_ours(call: Any, *args: Any) -> Any:
@@ -135,6 +172,7 @@ bodies = st.one_of(
     json_values.map(lambda v: json.dumps(v).encode()),
     st.binary(max_size=120),
     st.just(b"<html><body>502 Bad Gateway</body></html>"),
+    long_json.map(str.encode),
 )
 
 
@@ -185,7 +223,11 @@ def test_any_endpoint_is_judged_without_raising_and_a_good_one_makes_a_client(ur
 
 
 @SETTINGS
-@given(content=st.one_of(json_values.map(lambda v: json.dumps(v).encode()), st.binary(max_size=200)))
+@given(
+    content=st.one_of(
+        json_values.map(lambda v: json.dumps(v).encode()), st.binary(max_size=200), long_json.map(str.encode)
+    )
+)
 def test_any_golden_file_loads_or_raises_only_our_error(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "golden.json"
     path.write_bytes(content)
@@ -194,10 +236,63 @@ def test_any_golden_file_loads_or_raises_only_our_error(tmp_path: Path, content:
         assert result["outputs"] and all(isinstance(v, str) for v in result["outputs"].values())
 
 
+@pytest.mark.parametrize("reader", [keeper.load_run, restore.read_record], ids=["keeper", "restore"])
 @SETTINGS
-@given(content=st.one_of(json_values.map(lambda v: json.dumps(v).encode()), st.binary(max_size=200)))
-def test_any_rollback_record_reads_or_raises_only_our_error(tmp_path: Path, content: bytes) -> None:
+@given(
+    content=st.one_of(
+        json_values.map(lambda v: json.dumps(v).encode()), st.binary(max_size=200), long_json.map(str.encode)
+    )
+)
+def test_any_rollback_record_reads_or_raises_only_our_error(tmp_path: Path, reader: Any, content: bytes) -> None:
+    """Both names read the record through the keeper's one reader: a damaged record is its
+    RunRecordError (exit 2), never a traceback."""
     (tmp_path / "run.json").write_bytes(content)
-    result = only_ours(restore.read_record, tmp_path)
-    if result is not None and not isinstance(result, SpecdeployError):
+    result = only_ours(reader, tmp_path)
+    if isinstance(result, SpecdeployError):
+        assert isinstance(result, keeper.RunRecordError) and result.exit_code == 2 and "run.json" in result.message
+    elif result is not None:
         assert all(e.kind in ("file", "dir", "absent") for e in result.entries)
+
+
+# --------------------------------------------------------------------------- numbers of thousands of digits
+
+
+@LONG
+@given(text=st.one_of(long_json, long_numbers))
+def test_long_numbers_decode_or_raise_only_the_one_decoders_error(text: str) -> None:
+    """core.files.loads, the one decoder of outside text: JSONTextError (exit 2 if unmapped), or a value."""
+    try:
+        files.loads(text)
+    except files.JSONTextError as exc:
+        assert exc.exit_code == 2 and exc.detail
+        if exc.kind == "value":
+            assert "4300 digits" in exc.detail
+
+
+@LONG
+@given(text=long_json)
+def test_an_engine_answer_with_long_numbers_is_could_not_test_or_parses(text: str) -> None:
+    """An engine's body, a streamed chunk: EngineError ("could not test", exit 2), never a ValueError."""
+    for result in (
+        only_ours(responses.decode_json, text, "GET /v1/models"),
+        only_ours(responses.parse_stream_line, "data: " + text),
+    ):
+        if isinstance(result, SpecdeployError):
+            assert isinstance(result, responses.EngineError) and result.exit_code == 2
+
+
+@LONG
+@given(text=long_json)
+def test_a_model_answer_with_long_numbers_is_judged_not_raised(text: str) -> None:
+    """The known-answer check parses the model's JSON answer: a verdict string or None."""
+    answer = KnownAnswer(name="json", prompt="Reply with a JSON object", expect="json_object")
+    result = stages.check_answer(answer, text)
+    assert result is None or isinstance(result, str)
+
+
+@LONG
+@given(text=long_json)
+def test_podman_labels_with_long_numbers_are_read_or_refused_as_our_error(text: str) -> None:
+    result = only_ours(ensure._labels, text, "podman", "some/image")
+    if isinstance(result, SpecdeployError):
+        assert result.exit_code == 2

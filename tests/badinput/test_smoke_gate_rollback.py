@@ -423,7 +423,7 @@ def test_a_golden_fifo_is_refused_at_once_not_read_forever(
     engine = Engine()
     run_process(
         "smoke", "--profile", "cpu-rehearsal", "--endpoint", serve(engine), "--golden", fifo, *FAST, timeout=20
-    ).expect(2, str(fifo), "FIFO", fix="golden transcript")
+    ).expect(2, str(fifo), "FIFO", fix="recorded with `specdeploy smoke --record-golden PATH`")
     assert engine.seen == []
 
 
@@ -546,7 +546,9 @@ def test_a_run_id_that_is_not_a_plain_name_is_a_usage_error_that_changes_nothing
     state = tmp_path / "state"
     (state / "runs").mkdir(parents=True)
     before = Snapshot(tmp_path)
-    _gate(run, quick_profile, state, CLOSED, run_id=run_id).expect(2, "--run-id", run_id, fix="plain")
+    _gate(run, quick_profile, state, CLOSED, run_id=run_id).expect(
+        2, "--run-id", run_id, fix="use letters, digits, '-', '_' or '.'"
+    )
     before.unchanged()
 
 
@@ -609,7 +611,9 @@ def test_a_truncated_rollback_record_fails_the_gates_rollback_clearly_and_touche
     serving = write(tmp_path / "serving" / "drafter" / "config.json", '{"new": true}\n').parent
     write(state / "rollback" / "run.json", '{"run_id": "r1", "entries": [{"path": "' + str(serving))
     before = Snapshot(serving, state / "rollback")
-    _gate(run, quick_profile, state, CLOSED).expect(4, "rollback run record", "run.json", "not valid JSON")
+    _gate(run, quick_profile, state, CLOSED).expect(
+        4, "rollback run record", "run.json", "not valid JSON", fix="`specdeploy rollback restore --run-id r1`"
+    )
     before.unchanged()
     assert "not valid JSON" in _report(state / "runs" / "r1" / "gate.json")["rollback"]["error"]
 
@@ -715,7 +719,7 @@ def test_restore_with_a_run_record_that_is_a_fifo_is_refused_at_once(
     record.unlink()
     os.mkfifo(record)
     run_process("rollback", "restore", "--run-id", "deploy-1", "--state-dir", host["state"], timeout=20).expect(
-        2, "rollback run record", "FIFO"
+        2, "rollback run record", "FIFO", fix="move run.json aside"
     )
     assert (host["serving"] / "config.json").read_text() == '{"failed": "run"}\n'
 

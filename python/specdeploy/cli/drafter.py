@@ -40,6 +40,12 @@ def _print_report(report: verify.Report, as_json: bool) -> None:
         output.out.print(_report_table(report))
         verdict = "[green]config verified[/]" if report.ok else f"[bold red]{len(report.failures)} check(s) failed[/]"
         output.out.print(f"{verdict} — canonical sha256 {report.canonical_sha256}")
+        fields_by_fix: dict[str, list[str]] = {}
+        for c in report.failures:
+            fields_by_fix.setdefault(c.fix, []).append(c.field)
+        for fix, fields in fields_by_fix.items():
+            if fix:
+                output.fix(fix, subject=", ".join(fields))
 
     output.emit(report.to_json(), as_json, table)
 

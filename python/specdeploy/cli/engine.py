@@ -152,12 +152,15 @@ def startup_log_check(
         "found": check.found,
         "runner": check.runner,
         "message": check.message,
+        "fix": check.fix,
     }
-    output.emit(
-        data,
-        as_json,
-        lambda: output.out.print(f"{output.MARKS[check.ok]} {output.text(check.message)}", highlight=False),
-    )
+
+    def table() -> None:
+        output.out.print(f"{output.MARKS[check.ok]} {output.text(check.message)}", highlight=False)
+        if not check.ok and check.fix:
+            output.fix(check.fix)
+
+    output.emit(data, as_json, table)
     raise typer.Exit(0 if check.ok else 1)
 
 

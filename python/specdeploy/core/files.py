@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from specdeploy.core.errors import InputFileError
+from specdeploy.core.errors import InputFileError, SpecdeployError
 
 MIB = 1024 * 1024
 # Ceilings by kind of file: generous for every real file of its kind, small enough that a
@@ -114,24 +115,59 @@ def read_text(path: Path | str, *, what: str, limit: int = LIMITS["text"], hint:
     return decode(read_bytes(path, what=what, limit=limit, hint=hint), path, what=what)
 
 
-def parse_json(text: str, origin: str, *, what: str) -> Any:
-    """`text` as JSON, or an InputFileError with the line and column (and for JSON nested past
-    Python's recursion limit, say so instead of a RecursionError)."""
+class JSONTextError(SpecdeployError):
+    """Text from outside specdeploy (a file, an engine's answer, a program's output) that is not
+    usable JSON (`loads`). Each caller turns it into its own error — a file's InputFileError, the
+    smoke's "could not test" — naming where the text came from; left alone it is bad input (exit 2)."""
+
+    exit_code = 2
+
+    def __init__(self, kind: Literal["syntax", "nested", "value"], detail: str) -> None:
+        self.kind = kind  # syntax: not JSON at all; nested, value: JSON that Python will not hold
+        self.detail = detail
+        super().__init__(
+            f"not {'valid' if kind == 'syntax' else 'usable'} JSON: {detail}",
+            hint="check where the text came from",
+        )
+
+
+def loads(text: str | bytes) -> Any:
+    """`json.loads(text)` for text from outside specdeploy: the one place such text is decoded.
+    Every way decoding can fail — not JSON (the line and column), nesting past Python's recursion
+    limit, an integer longer than Python converts (`sys.get_int_max_str_digits()`, 4300 digits: a
+    bare ValueError) — is a JSONTextError, never a JSONDecodeError, RecursionError or ValueError."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputFileError(
-            f"{what} {origin} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
-            hint=f"fix the {what} (or restore it from where it came from)",
+        where = f"line {exc.lineno}, column {exc.colno}"  # "Unterminated string starting at": no second "at"
+        raise JSONTextError(
+            "syntax", f"{exc.msg} {where}" if exc.msg.endswith(" at") else f"{exc.msg} at {where}"
         ) from None
     except RecursionError:
+        raise JSONTextError("nested", "nested too deeply") from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            detail = f"it holds a number of more than {sys.get_int_max_str_digits()} digits, more than Python converts"
+        else:  # bytes that are not UTF-8/16/32 text, or another value Python will not hold
+            detail = str(exc).split(";")[0]
+        raise JSONTextError("value", detail) from None
+
+
+def parse_json(text: str, origin: str, *, what: str) -> Any:
+    """`text` as JSON (`loads`), or an InputFileError with the line and column (and for JSON
+    Python will not hold — nested past the recursion limit, a number of thousands of digits —
+    say so instead of a RecursionError or ValueError)."""
+    try:
+        return loads(text)
+    except JSONTextError as exc:
+        if exc.kind == "syntax":
+            raise InputFileError(
+                f"{what} {origin} is not valid JSON: {exc.detail}",
+                hint=f"fix the {what} (or restore it from where it came from)",
+            ) from None
+        detail = f"nested too deeply to be a {what}" if exc.kind == "nested" else exc.detail
         raise InputFileError(
-            f"{what} {origin} is not usable JSON: nested too deeply to be a {what}",
-            hint="check that this is the right file",
-        ) from None
-    except ValueError as exc:  # e.g. an integer longer than Python converts (sys.get_int_max_str_digits)
-        raise InputFileError(
-            f"{what} {origin} is not usable JSON: {exc}", hint="check that this is the right file"
+            f"{what} {origin} is not usable JSON: {detail}", hint="check that this is the right file"
         ) from None
 
 

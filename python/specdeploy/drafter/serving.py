@@ -355,8 +355,7 @@ def write_serving_dir(
         if not final.ok:
             raise VerificationFailed(final)
         if staged is not None:
-            staged.commit()  # rollback restore now sees what this run replaced
-            staged = None
+            staged.commit()  # rollback restore now sees what this run replaced (taken back below on failure)
         if record:  # only now: a failed write must not make a later, correct source look like drift
             recorded = lock.record(profile.name, LOCK_KEY, digest, by="write-config", detail={"content": config})
     except BaseException as exc:
@@ -373,15 +372,19 @@ def write_serving_dir(
 
 def _undo(undo: Callable[[], None] | None, build: Path | None, staged: Staged | None, created: Path | None) -> None:
     """Put everything back after a failed write: the old link (or directory), no new build, no
-    kept copy that was never recorded, no directory this run created."""
+    kept copy and no rollback-record entry for a replacement that was undone (a lock write that
+    failed after the record was committed takes the entry back too), no directory this run created."""
     if undo is not None:
         with contextlib.suppress(OSError):
             undo()
     if build is not None:
         shutil.rmtree(build, ignore_errors=True)
     if staged is not None:
+        # the record and the lock agree: neither lists this write. Should taking the entry back
+        # fail, it lists the old link, which is what serves again: a restore puts back the same.
+        with contextlib.suppress(OSError, SpecdeployError):
+            staged.revert()
         with contextlib.suppress(OSError):
-            staged.discard()
             staged.copy_path.parent.rmdir()  # the keeper's staging directory, when this left it empty
     if created is not None:
         shutil.rmtree(created, ignore_errors=True)

@@ -26,6 +26,7 @@ LOCK_KEY = "drafter.config.canonical_sha256"
 DRAFTER = "drafter config"
 TARGET = "target config"
 FETCH_DRAFTER = "fetch the drafter at the profile's pinned revision first (specdeploy fetch)"
+TARGET_OF_DRAFTER = "check that --target (or the profile's target.facts) is the model this drafter was trained for"
 FETCH_TARGET = (
     "pass --target the target model's downloaded directory (or its config.json) at the profile's pinned "
     "revision (specdeploy fetch); leave --target out to use the profile's target.facts"
@@ -36,6 +37,19 @@ MAX_DEPTH = 32
 # Found values longer than this (as JSON) are shown shortened: a 2.4M-entry layer_types must
 # not become a 40 MB table cell.
 SHOWN_CHARS = 240
+
+
+# What to do about a failed check (its `fix`, printed after the table as a `fix:` line)
+PINNED_FILE = (
+    "use the drafter's own config.json at the profile's pinned revision (specdeploy fetch), never a hand-edited one"
+)
+
+
+def _field_fix(profile_name: str, name: str) -> str:
+    return (
+        f"{PINNED_FILE}; if that file holds this value, correct drafter.config.expected.{name} in profile "
+        f"{profile_name}"
+    )
 
 
 # --------------------------------------------------------------------------- canonical form
@@ -153,6 +167,7 @@ class Check:
     ok: bool
     consequence: str = ""
     kind: str = "field"  # field | structure | hash
+    fix: str = ""  # what to do when the check fails
 
 
 @dataclass
@@ -267,11 +282,17 @@ def _field_checks(profile: Profile, config: dict[str, Any]) -> list[Check]:
         where, found = drafter_fields.find(config, name)
         label = where or name
         if not pin.resolved:
-            checks.append(Check(label, "(unresolved)", shown(found), False, f"cannot verify: {pin.source}"))
+            fix = (
+                f"resolve drafter.config.expected.{name} in profile {profile.name}: read it from the drafter's "
+                "config.json at the pinned revision"
+            )
+            checks.append(Check(label, "(unresolved)", shown(found), False, f"cannot verify: {pin.source}", fix=fix))
         elif where is None:
-            checks.append(Check(name, pin.value, _ABSENT, False, consequence))
+            checks.append(Check(name, pin.value, _ABSENT, False, consequence, fix=_field_fix(profile.name, name)))
         else:
-            checks.append(Check(label, pin.value, shown(found), _same(pin.value, found), consequence))
+            ok = _same(pin.value, found)
+            fix = "" if ok else _field_fix(profile.name, name)
+            checks.append(Check(label, pin.value, shown(found), ok, consequence, fix=fix))
     return checks
 
 
@@ -292,7 +313,8 @@ def _dialect_checks(config: dict[str, Any]) -> list[Check]:
             else f"set twice with different values: engines read different places, so the drafter runs "
             f"with a {name} the other checks never saw; keep one place (as the upstream file does)"
         )
-        checks.append(Check(where, f"one value in {where}", values, ok, consequence, "structure"))
+        fix = "" if ok else f"keep {name} in one place with one value, as the upstream file does: {PINNED_FILE}"
+        checks.append(Check(where, f"one value in {where}", values, ok, consequence, "structure", fix))
     return checks
 
 
@@ -312,22 +334,28 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
     """Checks that hold for any correct drafter of this target, whatever the profile pins."""
     if not _is_dflash(profile, config):
         _, vocab = drafter_fields.find(config, "vocab_size")
+        ok = _int(vocab) and vocab == target.vocab_size
         return [
             Check(
                 "vocab_size",
                 f"== target vocab_size {target.vocab_size}",
                 shown(vocab) if vocab is not None else _ABSENT,
-                _int(vocab) and vocab == target.vocab_size,
+                ok,
                 "draft and target disagree on token ids; every draft is rejected",
                 "structure",
+                "" if ok else f"{PINNED_FILE}; {TARGET_OF_DRAFTER}",
             )
         ]
     checks: list[Check] = []
 
-    def add(logical: str, where: str | None, expected: str, found: Any, ok: bool, consequence: str = "") -> None:
+    def add(
+        logical: str, where: str | None, expected: str, found: Any, ok: bool, consequence: str = "", fix: str = ""
+    ) -> None:
         """One structure row, labelled by where the field was found (or its logical name)."""
         text = consequence or drafter_fields.FIELDS[logical].consequence
-        checks.append(Check(where or logical, expected, shown(found) if where else _ABSENT, ok, text, "structure"))
+        fix = "" if ok else (fix or PINNED_FILE)
+        row = Check(where or logical, expected, shown(found) if where else _ABSENT, ok, text, "structure", fix)
+        checks.append(row)
 
     where, archs = drafter_fields.find(config, "architectures")
     add(
@@ -349,6 +377,7 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
         and len(ids) > 0
         and all(_int(i) and 0 <= i < target.num_hidden_layers for i in ids)
         and len(set(ids)) == len(ids),
+        fix=f"{PINNED_FILE}; {TARGET_OF_DRAFTER}",
     )  # fmt: skip
 
     where, mask = drafter_fields.find(config, "mask_token_id")
@@ -357,6 +386,7 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
         f"int in [0, {target.vocab_size}) ({target.source})",
         mask,
         _int(mask) and 0 <= mask < target.vocab_size,
+        fix=f"{PINNED_FILE}; {TARGET_OF_DRAFTER}",
     )  # fmt: skip
 
     _, layers = drafter_fields.find(config, "num_hidden_layers")
@@ -388,6 +418,8 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
         block,
         _int(block) and k <= block - 1,
         f"vLLM drafts at most block_size - 1 tokens; the profile asks for {k}",
+        f"{PINNED_FILE}; if it holds this block_size, lower engine.speculative.num_speculative_tokens in profile "
+        f"{profile.name} to at most block_size - 1",
     )  # fmt: skip
 
     where, hidden = drafter_fields.find(config, "hidden_size")
@@ -396,6 +428,7 @@ def _structure_checks(profile: Profile, config: dict[str, Any], target: TargetSh
         f"== target hidden_size {target.hidden_size} ({target.source})",
         hidden,
         _int(hidden) and hidden == target.hidden_size,
+        fix=f"{PINNED_FILE}; {TARGET_OF_DRAFTER}",
     )  # fmt: skip
     return checks
 
@@ -423,11 +456,17 @@ def _hash_check(profile: Profile, config: dict[str, Any], lock: Lock | None) -> 
         return None
     ok = expected == found
     consequence = "" if ok else f"the file differs from the one verified and recorded in the {origin}"
+    fix = (
+        ""
+        if ok
+        else f"{PINNED_FILE}, the one recorded in the {origin}; if upstream changed it, investigate before "
+        "deploying, and only then re-pin it"
+    )
     if not ok and recorded_content is not None:
         names = differing_fields(recorded_content, config)
         more = f" and {len(names) - 20} more" if len(names) > 20 else ""
         consequence += f"; fields that differ: {', '.join(names[:20])}{more}"
-    return Check("(whole file, canonical sha256)", expected, found, ok, consequence, "hash")
+    return Check("(whole file, canonical sha256)", expected, found, ok, consequence, "hash", fix)
 
 
 def verify(

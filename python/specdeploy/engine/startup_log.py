@@ -76,6 +76,23 @@ class AuxLayerCheck:
     ok: bool
     message: str
     runner: str | None = None  # the runner whose wording the line had
+    fix: str = ""  # what to do when the check fails
+
+
+# What to do about each way the check fails (its `fix`)
+NOT_DFLASH_FIX = (
+    "run `specdeploy verify-config` on the serving directory (architectures, dflash_config) and check that the "
+    "engine runs the profile's command line (`specdeploy unit render`), then restart the engine"
+)
+RUNNER_FIX = "reinstall the unit from the profile (`specdeploy unit install`) and restart the engine"
+ENGINE_FIX = (
+    "run the engine the profile pins (`specdeploy image build` for a container profile, the pinned engine version "
+    "for a venv one): its build must carry the +1 fix (#40727) exactly once"
+)
+LAYERS_FIX = (
+    "serve the drafter config that `specdeploy verify-config` passes (dflash_config.target_layer_ids equal to the "
+    "profile's) and restart the engine"
+)
 
 
 def expected_aux_layers(profile: Profile) -> tuple[int, ...]:
@@ -137,6 +154,7 @@ def check_aux_layers(profile: Profile, log_text: str) -> AuxLayerCheck:
             "vLLM logged no auxiliary-layer line ('Using auxiliary layers from speculative config' on V1, "
             f"'Using Eagle3 auxiliary layers from config' on V2): {describe_instead(log_text)}; the drafter "
             "config was not read as DFlash (check architectures and dflash_config)",
+            fix=NOT_DFLASH_FIX,
         )  # fmt: skip
     found, runner = line.layers, line.runner
     wanted_runner = expected_runner(profile)
@@ -147,6 +165,7 @@ def check_aux_layers(profile: Profile, log_text: str) -> AuxLayerCheck:
             f"VLLM_USE_V2_MODEL_RUNNER={profile.engine.env['VLLM_USE_V2_MODEL_RUNNER']} ({wanted_runner}): "
             "the engine ignored the profile's environment (check the unit's Environment= lines)",
             runner,
+            RUNNER_FIX,
         )  # fmt: skip
     if found == expected:
         return AuxLayerCheck(
@@ -154,13 +173,13 @@ def check_aux_layers(profile: Profile, log_text: str) -> AuxLayerCheck:
         )
     shifted = tuple(i - 1 for i in found)
     if shifted == expected:
-        why = "shifted by +2: the +1 fix (#40727) is applied twice in this build"
+        why, fix = "shifted by +2: the +1 fix (#40727) is applied twice in this build", ENGINE_FIX
     elif found == tuple(i - 1 for i in expected):
-        why = "not shifted: this build lacks the +1 fix (#40727)"
+        why, fix = "not shifted: this build lacks the +1 fix (#40727)", ENGINE_FIX
     else:
-        why = "the drafter's target_layer_ids differ from the profile's"
+        why, fix = "the drafter's target_layer_ids differ from the profile's", LAYERS_FIX
     return AuxLayerCheck(
-        expected, found, False, f"expected auxiliary layers {expected}, vLLM logged {found}: {why}", runner
+        expected, found, False, f"expected auxiliary layers {expected}, vLLM logged {found}: {why}", runner, fix
     )
 
 
@@ -226,7 +245,9 @@ def wait_for_aux_layers(
     check = check_aux_layers(profile, text)
     if check.found is None and why:
         waited = time.monotonic() - started
-        return AuxLayerCheck(check.expected, None, False, f"{why} (after {waited:.0f} s): {check.message}")
+        return AuxLayerCheck(
+            check.expected, None, False, f"{why} (after {waited:.0f} s): {check.message}", fix=check.fix
+        )
     return check
 
 

@@ -24,6 +24,7 @@ that skipped the rollback.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import shutil
@@ -223,14 +224,29 @@ def _check_startup_log(profile: Profile, options: GateOptions, endpoint: str, lo
 
 
 def _mark_verified(report: GateReport, host: layout.HostLayout) -> None:
-    """Point `<state>/verified` at this run's directory (one atomic symlink flip) and record the
-    pass, with SIGTERM and SIGINT held back meanwhile: the link and the report always agree."""
+    """Close this run's rollback record ("verified": its copies are obsolete), then point
+    `<state>/verified` at this run's directory (one atomic symlink flip) and record the pass, with
+    SIGTERM and SIGINT held back meanwhile: the link, the record and the report always agree. The
+    record is closed first: a damaged one (keeper.RunRecordError, exit 2) leaves `verified` as it
+    was, and a flip that fails opens the record again."""
     held = {signal.SIGTERM, signal.SIGINT}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         report.served = store.served_now(host)
-        atomic.symlink(host.verified, report.directory.relative_to(host.state))
-        keeper.close_run(host.rollback, report.run_id, "verified")  # its copies are obsolete now
+        try:
+            closed = keeper.close_run(host.rollback, report.run_id, "verified")
+        except keeper.RunRecordError as exc:
+            raise keeper.RunRecordError(
+                f"the stack passed its smoke, but the {exc.message}; {host.verified} was not switched to this run",
+                hint=exc.hint,
+            ) from None
+        try:
+            atomic.symlink(host.verified, report.directory.relative_to(host.state))
+        except BaseException:
+            if closed:  # the run is not verified after all: its copies are the way back again
+                with contextlib.suppress(OSError, SpecdeployError):
+                    keeper.close_run(host.rollback, report.run_id, None)
+            raise
         report.verified = True
         report.verdict = Verdict.passed
         report.message = f"{report.profile} passed its gate: {host.verified} now points at this run"

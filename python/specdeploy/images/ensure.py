@@ -10,11 +10,11 @@ unit — an image built from another commit or version never serves.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeploy.core import files
 from specdeploy.core.errors import ProgramError, UsageError
 from specdeploy.core.layout import GUARDS_IN_IMAGE
 from specdeploy.host import cuda
@@ -48,10 +48,14 @@ def inspect_inside(image: str, podman: str) -> dict[str, str | None]:
             f"cannot inspect {image}: `python3 {GUARDS_IN_IMAGE} inspect` failed: {done.stderr.strip()[-300:]}",
             hint="images built from this repository's Containerfiles carry the guard: specdeploy image build",
         )
+    lines = done.stdout.strip().splitlines() or [""]
     try:
-        found = json.loads(done.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError, RecursionError):
-        raise ImageError(f"{image}: the guard's inspect printed no JSON: {done.stdout.strip()[-200:]!r}") from None
+        found = files.loads(lines[-1])
+    except files.JSONTextError as exc:
+        raise ImageError(
+            f"{image}: the guard's inspect printed no usable JSON ({exc.detail}): {done.stdout.strip()[-200:]!r}",
+            hint="images built from this repository's Containerfiles carry the guard: specdeploy image build",
+        ) from None
     if not isinstance(found, dict):
         raise ImageError(
             f"{image}: the guard's inspect printed JSON {type(found).__name__}, expected an object: "
@@ -106,16 +110,18 @@ def check(image: str, profile: Profile, *, lock: Lock, podman: str = "podman") -
 def _labels(printed: str, podman: str, image: str) -> dict[str, str]:
     """The labels `podman image inspect --format '{{json .Labels}}'` printed (null: none), or a
     ProgramError naming what it printed instead: a podman that is not podman, never a traceback."""
+    why = ""
     try:
-        labels = json.loads(printed or "null")
-    except (json.JSONDecodeError, RecursionError):
-        labels = printed  # not JSON at all: refused below like any other non-object
+        labels = files.loads(printed or "null")
+    except files.JSONTextError as exc:  # not JSON, or JSON Python will not hold: refused below like a non-object
+        labels, why = printed, "" if exc.kind == "syntax" else f" ({exc.message})"
     if labels is None:
         return {}
     if not isinstance(labels, dict):
         raise ProgramError(
             f"--podman {podman}: `image inspect --format '{{{{json .Labels}}}}' {image}` printed "
-            f"{printed.strip()[:200]!r}, expected a JSON object of labels: this is not a podman specdeploy can use",
+            f"{printed.strip()[:200]!r}{why}, expected a JSON object of labels: "
+            "this is not a podman specdeploy can use",
             hint=podman_exe.INSTALL_HINT,
         )
     return {str(k): str(v) for k, v in labels.items() if v is not None}

@@ -31,7 +31,7 @@ from typing import Any
 
 from specdeploy.core import layout
 from specdeploy.core.cache import cache_dir
-from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.errors import ProgramError, SpecdeployError
 from specdeploy.gate.run import REPORT, new_run_id
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rehearsal import hosts, variants
@@ -54,6 +54,33 @@ def checkout() -> Path:
             hint="run the rehearsal deploy from a clone of the repository (pip install -e .)",
         )
     return ROOT
+
+
+def ansible_program(name: str) -> Path:
+    """An ansible-core program (ansible-playbook, ansible-vault) of this Python's environment."""
+    return Path(sys.executable).parent / name
+
+
+def check_controller() -> None:
+    """What the main job needs on this machine, checked before anything is built or booted: the
+    checkout, the cache directory, podman (the disposable host runs in it) and ansible-core's
+    programs beside this Python (the dev extra)."""
+    checkout()
+    cache_dir()
+    if shutil.which("podman") is None:
+        raise ProgramError(
+            "podman is not on PATH: the disposable rehearsal host runs in it; nothing was built or booted",
+            hint="install podman >= 4.5 (`nix develop` provides it), then run this again",
+        )
+    for name in ("ansible-playbook", "ansible-vault"):
+        program = ansible_program(name)
+        if not os.access(program, os.X_OK) or not program.is_file():
+            raise ProgramError(
+                f"{program} is missing or not executable: the play runs with ansible-core from this Python's "
+                "environment; nothing was built or booted",
+                hint=f"install the dev extra into it ({Path(sys.executable)} -m pip install -e '.[dev]'), "
+                "then run this again",
+            )
 
 
 def wheelhouse(*profiles: str) -> Path:
@@ -123,7 +150,7 @@ class Vault:
         """`ansible-vault <action>` as a program, the data on its standard input (never in argv).
         Not in-process: ansible-core patches `sys.intern` on import, which torch then refuses."""
         argv = [
-            str(Path(sys.executable).parent / "ansible-vault"), action, "--vault-password-file",
+            str(ansible_program("ansible-vault")), action, "--vault-password-file",
             str(self.password_file), "--output", str(output) if output else "-", "-",
         ]  # fmt: skip
         done = subprocess.run(argv, input=data, capture_output=True)
@@ -228,7 +255,7 @@ def playbook_argv(
         | (extra_vars or {})
     )
     argv = [
-        str(Path(sys.executable).parent / "ansible-playbook"),
+        str(ansible_program("ansible-playbook")),
         "deploy.yml",
         "-i",
         str(inventory),
@@ -279,6 +306,7 @@ def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) 
     instead (benchmarks/rehearsal_deploy.py deploys one whose gate fails, to time a rollback)."""
     from specdeploy.rehearsal import engine_image, hub
 
+    check_controller()
     profile = load_profile(PROFILE)
     wheels, target = wheelhouse(PROFILE), host()
     state = cache_dir() / "rehearsal-host"

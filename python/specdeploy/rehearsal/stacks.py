@@ -17,7 +17,9 @@ from pathlib import Path
 
 import httpx
 
+from specdeploy.core import files
 from specdeploy.core.cache import cache_dir
+from specdeploy.core.errors import InputFileError, SpecdeployError
 from specdeploy.core.layout import local_layout
 from specdeploy.drafter.serving import write_serving_dir
 from specdeploy.profile import Profile, load_profile
@@ -76,8 +78,64 @@ STACKS: dict[str, StackSpec] = {
 }  # fmt: skip
 
 
+STATE_NAME = "state.json"  # in the stack's run directory: what `start` started (pid, url, profile, argv)
+
+
+class StackStateError(SpecdeployError):
+    """A stack's state file that is not one `start` wrote (damaged, truncated, not a file):
+    bad input, exit 2. Nothing is stopped or started on its word."""
+
+    exit_code = 2
+
+
 def run_dir(name: str) -> Path:
     return cache_dir() / "runs" / name
+
+
+def state_file(name: str) -> Path:
+    return run_dir(name) / STATE_NAME
+
+
+def _state_hint(name: str, path: Path) -> str:
+    return (
+        f"stop the vLLM this stack started, if one still runs (its log: {path.parent / 'vllm.log'}), then remove "
+        f"{path}; `specdeploy rehearsal up {name}` writes it anew"
+    )
+
+
+def read_state(name: str) -> dict[str, object] | None:
+    """What `start` recorded for stack `name` (pid, url, profile, argv), or None when it is down.
+
+    The file is read bounded (a regular file, under the JSON ceiling: a FIFO never blocks) and
+    checked for the shape `start` writes — a process id that can be signalled (an integer > 1:
+    `os.killpg` of 0 or 1 would signal this process's group or init's), an http URL, the
+    profile's name. Anything else is a StackStateError (exit 2) naming the file and the field."""
+    path = state_file(name)
+    if not os.path.lexists(path):
+        return None
+    hint = _state_hint(name, path)
+    what = f"rehearsal stack {name}'s state file"
+    try:
+        data = files.read_json(path, what=what, hint=hint)
+    except InputFileError as exc:
+        raise StackStateError(f"{exc.message}; nothing was started or stopped", hint=hint) from None
+    if not isinstance(data, dict):
+        raise StackStateError(
+            f"{what} {path}: expected a JSON object (pid, url, profile), found {type(data).__name__}; nothing was "
+            "started or stopped",
+            hint=hint,
+        )
+    pid, url, profile = data.get("pid"), data.get("url"), data.get("profile")
+    problem = None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        problem = f"field pid: expected a process id (an integer > 1), found {json.dumps(pid)[:80]}"
+    elif not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        problem = f"field url: expected the engine's http:// base URL, found {json.dumps(url)[:80]}"
+    elif not isinstance(profile, str) or not profile:
+        problem = f"field profile: expected the profile's name, found {json.dumps(profile)[:80]}"
+    if problem:
+        raise StackStateError(f"{what} {path}: {problem}; nothing was started or stopped", hint=hint)
+    return data
 
 
 def start(name: str, workdir: Path | None = None) -> launcher.EngineProcess:
@@ -99,18 +157,19 @@ def start(name: str, workdir: Path | None = None) -> launcher.EngineProcess:
         log_path=workdir / "vllm.log",
         speculative=spec.speculative,
     )
-    (workdir / "state.json").write_text(
+    (workdir / STATE_NAME).write_text(
         json.dumps({"pid": engine.process.pid, "url": engine.url, "profile": profile.name, "argv": engine.argv})
     )
     return engine
 
 
 def status(name: str) -> dict[str, object]:
-    state_file = run_dir(name) / "state.json"
-    if not state_file.exists():
+    state = read_state(name)
+    if state is None:
         return {"stack": name, "state": "down"}
-    state = json.loads(state_file.read_text())
-    alive = _alive(state["pid"])
+    pid = state["pid"]
+    assert isinstance(pid, int)
+    alive = _alive(pid)
     healthy = False
     if alive:
         try:
@@ -128,10 +187,11 @@ def status(name: str) -> dict[str, object]:
 
 
 def stop(name: str) -> bool:
-    state_file = run_dir(name) / "state.json"
-    if not state_file.exists():
+    state = read_state(name)  # a damaged state file is refused: no process is signalled on its word
+    if state is None:
         return False
-    pid = json.loads(state_file.read_text())["pid"]
+    pid = state["pid"]
+    assert isinstance(pid, int)
     if _alive(pid):
         os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + 30
@@ -139,7 +199,7 @@ def stop(name: str) -> bool:
             time.sleep(0.5)
         if _alive(pid):
             os.killpg(pid, signal.SIGKILL)
-    state_file.unlink()
+    state_file(name).unlink()
     return True
 
 

@@ -12,16 +12,15 @@ Failures prevented (issue 20, D2/D7): an unknown state directory or run id was a
 "replaced nothing" (exit 0); a truncated run record ended in a traceback; a copy-back that
 failed (a full disk, a kept copy gone) had already moved the failed run's version aside, so the
 path was left absent. Now the state directory, the run id and the record are checked before
-anything is touched (`check_state_dir`, `check_run_id`, `read_record`, `require_known`); each
-kept copy is copied beside its path first and swapped in only when complete, and a restore that
-stops part-way raises `RestoreIncomplete` naming what was put back and what was not (never
-"restored"). The command's outcome goes to the run's own directory, `<state>/runs/<run-id>/`
-(`OUTCOME`), on every exit path.
+anything is touched (`check_state_dir`, `check_run_id`, `read_record` — through the record's one
+reader, core.keeper.load_run — and `require_known`); each kept copy is copied beside its path
+first and swapped in only when complete, and a restore that stops part-way raises
+`RestoreIncomplete` naming what was put back and what was not (never "restored"). The command's
+outcome goes to the run's own directory, `<state>/runs/<run-id>/` (`OUTCOME`), on every exit path.
 """
 
 from __future__ import annotations
 
-import math
 import shutil
 import signal
 import subprocess
@@ -31,14 +30,22 @@ from pathlib import Path
 from typing import Any
 
 from specdeploy.core import atomic, files, layout
-from specdeploy.core.errors import InputFileError, SpecdeployError, UsageError
-from specdeploy.core.keeper import RUN_FILE, Entry, RunRecord, close_run, copy_path, remove_path
+from specdeploy.core.errors import SpecdeployError, UsageError
+from specdeploy.core.keeper import (
+    RUN_FILE,
+    Entry,
+    RunRecord,
+    RunRecordError,
+    close_run,
+    copy_path,
+    load_run,
+    remove_path,
+)
 from specdeploy.engine import secret
 from specdeploy.profile import load_profile
 from specdeploy.smoke import stages as smoke
 
 OUTCOME = "restore.json"  # <state>/runs/<run-id>/restore.json: what `rollback restore|recover` did
-RECORD = "rollback run record"
 SYSTEMCTL_TIMEOUT_S = 300  # a stop or restart that takes longer is reported, not waited on forever
 
 
@@ -106,56 +113,14 @@ def check_state_dir(host: layout.HostLayout) -> None:
         raise UsageError(f"--state-dir {state}: expected a directory, found a file", hint=STATE_HINT)
 
 
-def _record_error(path: Path, problem: str) -> InputFileError:
-    return InputFileError(
-        f"{RECORD} {path}: {problem}; nothing was restored",
-        hint=f"the record is damaged: put back what it lists by hand from {path.parent / 'copies'}, "
-        f"or move {path.name} aside when nothing needs restoring",
-    )
-
-
-def _entry(path: Path, n: int, raw: Any) -> Entry:
-    where = f"entries[{n}]"
-    if not isinstance(raw, dict):
-        raise _record_error(path, f"{where}: expected an object, found {type(raw).__name__}")
-    target = raw.get("path")
-    if not isinstance(target, str) or not target.strip("/"):
-        raise _record_error(path, f"{where}.path: expected the path the run replaced, found {target!r}")
-    kind = raw.get("kind")
-    if kind not in ("file", "dir", "absent"):
-        raise _record_error(path, f"{where}.kind: expected file, dir or absent, found {kind!r}")
-    saved_at = raw.get("saved_at")
-    if isinstance(saved_at, bool) or not isinstance(saved_at, (int, float)) or not math.isfinite(saved_at):
-        raise _record_error(path, f"{where}.saved_at: expected a time (seconds), found {saved_at!r}")
-    copy = raw.get("copy")
-    if kind == "absent" and copy is not None:
-        raise _record_error(path, f"{where}.copy: expected null for a path that was absent, found {copy!r}")
-    if kind != "absent" and (not isinstance(copy, str) or not copy.strip("/")):
-        raise _record_error(path, f"{where}.copy: expected the path of the kept copy, found {copy!r}")
-    return Entry(target, kind, float(saved_at), copy)
-
-
 def read_record(directory: Path) -> RunRecord | None:
-    """The rollback directory's run record, checked field by field, or None when there is none.
-    A record that is not a regular, bounded, UTF-8 JSON file of the keeper's shape is an
-    InputFileError (exit 2) naming the field — before anything is touched."""
-    path = Path(directory) / RUN_FILE
-    if not Path(directory).exists() or not (path.exists() or path.is_symlink()):
-        return None
+    """The rollback directory's run record (core.keeper.load_run, its one reader: each field
+    checked), or None when there is none. A damaged record is a RunRecordError (exit 2) naming
+    the field — raised before anything is touched, and saying so."""
     try:
-        data = files.expect_mapping(files.read_json(path, what=RECORD), str(path), what=RECORD)
-    except InputFileError as exc:
-        raise InputFileError(f"{exc.message}; nothing was restored", hint=_record_error(path, "").hint) from None
-    run_id = data.get("run_id")
-    if not isinstance(run_id, str) or not run_id or "/" in run_id or run_id.startswith("."):
-        raise _record_error(path, f"run_id: expected a run id (a plain name), found {run_id!r}")
-    entries = data.get("entries")
-    if not isinstance(entries, list):
-        raise _record_error(path, f"entries: expected a list, found {type(entries).__name__}")
-    closed = data.get("closed")
-    if closed not in (None, "verified", "restored"):
-        raise _record_error(path, f"closed: expected null, verified or restored, found {closed!r}")
-    return RunRecord(run_id, [_entry(path, n, e) for n, e in enumerate(entries)], closed)
+        return load_run(directory)
+    except RunRecordError as exc:
+        raise RunRecordError(f"{exc.message}; nothing was restored", hint=exc.hint) from None
 
 
 def require_known(host: layout.HostLayout, run_id: str, record: RunRecord | None) -> None:

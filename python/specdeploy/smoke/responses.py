@@ -3,9 +3,10 @@ OpenAI-compatible API (and SGLang's native one) promises before a field is used.
 
 Failures prevented (issue 20, D2): a 200 answer with an unexpected body — an HTML page from a
 proxy or another service, a list where an object belongs, a chat answer without `choices`,
-garbage at `/metrics` — ended the smoke in a KeyError or JSONDecodeError traceback (exit 1 or
-70), with no report. Each is now an `EngineResponseError` naming the endpoint, what was
-expected and the first bytes found; the smoke reports it as "could not test" (exit 2).
+garbage at `/metrics`, a JSON number of 5000 digits — ended the smoke in a KeyError,
+JSONDecodeError or ValueError traceback (exit 1 or 70), with no report. Each is now an
+`EngineResponseError` naming the endpoint, what was expected and the first bytes found; the
+smoke reports it as "could not test" (exit 2).
 
 These are pure functions of the decoded body, so they are tested with arbitrary JSON
 (tests/badinput/test_properties_smoke.py): they raise nothing but `EngineError`s.
@@ -18,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from specdeploy.core import files
 from specdeploy.core.errors import SpecdeployError
 
 # What to do when an endpoint answers with something that is not an engine's API.
@@ -74,19 +76,21 @@ def _kind(value: Any) -> str:
     if isinstance(value, str):
         return f"a string {snippet(value, 60)}"
     if isinstance(value, (int, float)):
-        return f"a number ({value!r})"
+        return f"a number ({_number_text(value)})"
     return type(value).__name__
 
 
 def decode_json(text: str, what: str) -> Any:
-    """`text` as JSON, or an EngineResponseError naming `what` ("GET http://…/v1/models") and the
-    first bytes found."""
+    """`text` as JSON (core.files.loads, the one decoder of text from outside), or an
+    EngineResponseError naming `what` ("GET http://…/v1/models") and what was found: the first
+    bytes, or JSON Python will not hold (nested too deeply, a number of thousands of digits)."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        raise EngineResponseError(f"{what}: expected a JSON body, found {snippet(text)}") from None
-    except RecursionError:
-        raise EngineResponseError(f"{what}: expected a JSON body, found JSON nested too deeply to be one") from None
+        return files.loads(text)
+    except files.JSONTextError as exc:
+        if exc.kind == "syntax":
+            raise EngineResponseError(f"{what}: expected a JSON body, found {snippet(text)}") from None
+        found = "JSON nested too deeply to be one" if exc.kind == "nested" else f"JSON no engine answers ({exc.detail})"
+        raise EngineResponseError(f"{what}: expected a JSON body, found {found}: {snippet(text, 60)}") from None
 
 
 def expect_object(data: Any, what: str) -> dict[str, Any]:
@@ -108,13 +112,31 @@ def _field(obj: dict[str, Any], key: str, what: str, *types: type, optional: boo
     return value
 
 
+def _finite(value: float) -> float | None:
+    """`value` as a finite float, or None: infinity, NaN, or a JSON integer of hundreds of digits
+    (past float's range: OverflowError)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _number_text(value: float) -> str:
+    """A number for a message: as it is, or its size when it has hundreds of digits."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"a number of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return repr(value)
+
+
 def _count(obj: dict[str, Any], key: str, what: str, *, default: int | None = None) -> int:
-    """A token count: a non-negative whole number (JSON 30 or 30.0)."""
+    """A token count: a non-negative whole number (JSON 30 or 30.0) a float holds."""
     if obj.get(key) is None and default is not None:
         return default
     value = _field(obj, key, what, int, float)
-    if not math.isfinite(value) or value < 0 or value != int(value):
-        raise EngineResponseError(f"{what}: field {key!r}: expected a whole number >= 0, found {value!r}")
+    number = _finite(value)
+    if number is None or number < 0 or number != int(number):
+        raise EngineResponseError(f"{what}: field {key!r}: expected a whole number >= 0, found {_number_text(value)}")
     return int(value)
 
 
@@ -123,9 +145,10 @@ def _number(obj: dict[str, Any], key: str, what: str) -> float:
     if obj.get(key) is None:
         return 0.0
     value = _field(obj, key, what, int, float)
-    if not math.isfinite(value) or value < 0:
-        raise EngineResponseError(f"{what}: field {key!r}: expected a number >= 0, found {value!r}")
-    return float(value)
+    number = _finite(value)
+    if number is None or number < 0:
+        raise EngineResponseError(f"{what}: field {key!r}: expected a number >= 0, found {_number_text(value)}")
+    return number
 
 
 def parse_models(data: Any, what: str = "GET /v1/models") -> list[str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import json
 import re
 import signal
 import time
@@ -185,11 +184,9 @@ def check_answer(answer: KnownAnswer, text: str) -> str | None:
     if answer.expect == "json_object":
         start, end = body.find("{"), body.rfind("}")
         try:
-            parsed = json.loads(body[start : end + 1]) if start >= 0 < end else None
-        except json.JSONDecodeError as exc:
-            return f"not a JSON object ({exc.msg}): {text[:80]!r}"
-        except RecursionError:
-            return f"not a JSON object (nested too deeply): {text[:80]!r}"
+            parsed = files.loads(body[start : end + 1]) if start >= 0 < end else None
+        except files.JSONTextError as exc:  # the model's answer: a wrong answer, never a crash
+            return f"not a JSON object ({exc.detail}): {text[:80]!r}"
         return None if isinstance(parsed, dict) else f"no JSON object in {text[:80]!r}"
     try:
         ast.parse(body)

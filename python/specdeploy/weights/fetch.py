@@ -289,7 +289,6 @@ def probe(endpoint: str, repo: str, revision: str, *, token: str | None, timeout
     an unreachable, hanging or failing endpoint is reported in seconds, naming it and the reason.
     4xx answers (gated, not found) are raised as huggingface_hub's own errors, for `_explain`."""
     from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
-    from huggingface_hub.utils import httpx as hub_httpx
 
     url = f"{endpoint}/api/models/{repo}/tree/{quote(revision, safe='')}"
     headers = build_hf_headers(token=token)
@@ -316,8 +315,8 @@ def probe(endpoint: str, repo: str, revision: str, *, token: str | None, timeout
         if response.status_code >= 400:
             hf_raise_for_status(response)  # gated, not found, unauthorized: huggingface_hub's typed errors
         try:
-            page = response.json()
-        except (ValueError, hub_httpx.DecodingError):
+            page = files.loads(response.content)
+        except files.JSONTextError:
             page = None
         if not isinstance(page, list):
             raise FetchError(
