@@ -325,8 +325,8 @@ def test_a_server_error_is_named_with_its_status_and_first_bytes(run: Run, serve
 def test_a_server_that_never_answers_times_out_within_the_readiness_timeout(run: Run, silent: str) -> None:
     """D5: each probe waited 5 s whatever the timeout left, and the reason was "no answer yet"."""
     start = time.monotonic()
-    answer = run("smoke", "--profile", "cpu-rehearsal", "--endpoint", silent, "--readiness-timeout", "1.5")
-    assert time.monotonic() - start < 4.5, "one probe outlasted the readiness timeout"
+    answer = run("smoke", "--profile", "cpu-rehearsal", "--endpoint", silent, "--readiness-timeout", "1")
+    assert time.monotonic() - start < 4.5, "one probe (5 s before the fix) outlasted the readiness timeout"
     answer.expect(2, "no answer in time", "/health", fix="start the engine or correct --endpoint")
 
 
@@ -358,9 +358,9 @@ def test_a_malformed_endpoint_fails_at_once_naming_the_problem(
     start = time.monotonic()
     answer = run(
         "smoke", "--profile", "cpu-rehearsal", "--endpoint", url.format(port=port), "--json", report,
-        "--readiness-timeout", "6",
+        "--readiness-timeout", "60",
     )  # fmt: skip
-    assert time.monotonic() - start < 4, "a malformed URL must not wait for the readiness timeout"
+    assert time.monotonic() - start < 30, "a malformed URL must not wait for the readiness timeout"
     answer.expect(2, "--endpoint", problem, fix="pass the engine's base URL, e.g. http://127.0.0.1:8100")
     assert _report(report)["verdict"] == "error"
 
@@ -480,8 +480,9 @@ def quick_profile(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def slow_profile(tmp_path: Path) -> Path:
-    """cpu-rehearsal with a 5 s readiness timeout: a case that must not wait for it shows it."""
-    return _variant(tmp_path, "cpu-rehearsal-slow", 5)
+    """cpu-rehearsal with a 60 s readiness timeout: a case that must not wait for it answers in a
+    fraction of it (a margin no loaded machine eats; speed itself is not what is asserted)."""
+    return _variant(tmp_path, "cpu-rehearsal-slow", 60)
 
 
 def _gate(run: Run, profile: Path, state: Path, endpoint: str, *extra: object, run_id: str = "r1") -> Any:
@@ -527,7 +528,7 @@ def test_the_gate_fails_at_once_on_a_malformed_endpoint(
     state = tmp_path / "state"
     start = time.monotonic()
     answer = _gate(run, slow_profile, state, url)
-    assert time.monotonic() - start < 2.5, "a malformed URL must not wait for the readiness timeout"
+    assert time.monotonic() - start < 30, "a malformed URL must not wait for the readiness timeout"
     answer.expect(2, "--endpoint", problem, fix="base URL")
     report = _report(state / "runs" / "r1" / "gate.json")
     assert report["verdict"] == "error" and problem in report["smoke"]["stages"][0]["summary"]
