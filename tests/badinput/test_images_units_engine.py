@@ -341,6 +341,31 @@ def test_unit_install_refuses_a_dest_that_is_a_file(run: Run, tmp_path: Path, sn
     before.unchanged()
 
 
+@pytest.mark.parametrize("kind", ["missing", "directory", "fifo"])
+def test_unit_install_with_a_state_dir_reads_the_profile_as_every_profile_is_read(
+    run_process: Run, tmp_path: Path, snapshot: type[Snapshot], kind: str
+) -> None:
+    """The profile copy kept under --state-dir read the profile file raw, before the bounded load:
+    a missing path or a directory was exit 70, a FIFO blocked the play forever."""
+    profile = tmp_path / "profiles" / "cpu-rehearsal.yaml"
+    profile.parent.mkdir()
+    if kind == "directory":
+        profile.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(profile)
+    (tmp_path / "units").mkdir()
+    before = snapshot(tmp_path)
+    found, fix = {
+        "missing": ("does not exist", "pass the path of an existing profile"),
+        "directory": ("a directory", "pass the path of the profile file itself"),
+        "fifo": ("a FIFO", "pass the path of the profile file itself"),
+    }[kind]
+    run_process(*install(tmp_path / "units", "--state-dir", tmp_path / "state", profile=profile)).expect(
+        2, "profile", str(profile), found, fix=fix
+    )
+    before.unchanged()
+
+
 def test_unit_install_refuses_a_dest_whose_parent_is_missing(
     run: Run, tmp_path: Path, snapshot: type[Snapshot]
 ) -> None:

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdeploy.core import atomic, layout
+from specdeploy.core import atomic, files, layout
 from specdeploy.core.errors import ProfileError, UsageError, WriteError
 from specdeploy.core.keeper import Keeper
 from specdeploy.engine import args as engine_args
@@ -490,16 +490,21 @@ def require_dir_or_creatable(path: Path, *, option: str) -> Path:
     )
 
 
+def _profile_bytes(source: Path) -> bytes:
+    """The profile file's bytes, read as every profile is (a regular file under the YAML ceiling)."""
+    return files.read_bytes(source, what="profile", limit=files.LIMITS["yaml"])
+
+
 def profile_copy_path(source: Path, host: layout.HostLayout) -> Path:
     """Where `keep_profile_copy` keeps `source`: <sha12 of its content>/<its name>.yaml (a
     profile's file name must stay its name, profile.load_profile)."""
-    return host.profiles / hashlib.sha256(Path(source).read_bytes()).hexdigest()[:12] / Path(source).name
+    return host.profiles / hashlib.sha256(_profile_bytes(source)).hexdigest()[:12] / Path(source).name
 
 
 def keep_profile_copy(source: Path, host: layout.HostLayout) -> Path:
     """Store the profile file a unit is rendered from under `<state>/profiles/`, named by
     content, so the unit can name it and a rollback can find the thresholds it ran with."""
-    data = Path(source).read_bytes()
+    data = _profile_bytes(source)
     path = profile_copy_path(source, host)
     if not (path.is_file() and path.read_bytes() == data):
         atomic.ensure_dir(path.parent)
