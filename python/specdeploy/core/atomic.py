@@ -18,7 +18,8 @@ from typing import Any
 
 from specdeploy.core.errors import WriteError
 
-_CAUSES = {
+# Why a write failed, in words, by errno: the one table (write-config and fetch read it too)
+WRITE_CAUSES = {
     errno.EROFS: "the filesystem is mounted read-only",
     errno.ENOSPC: "the filesystem is full",
     errno.EDQUOT: "the disk quota is exhausted",
@@ -29,7 +30,7 @@ _CAUSES = {
 
 def write_error(path: Path, exc: OSError) -> WriteError:
     """A failed write as specdeploy reports it: the path, the cause, the previous file untouched."""
-    cause = _CAUSES.get(exc.errno or 0, exc.strerror or str(exc))
+    cause = WRITE_CAUSES.get(exc.errno or 0, exc.strerror or str(exc))
     return WriteError(
         f"could not write {path}: {cause} ({errno.errorcode.get(exc.errno or 0, exc.errno)}); "
         "the previous file is untouched",

@@ -31,7 +31,9 @@ LIMITS = {
     "key": 64 * 1024,  # tokens and API keys
 }
 
-_KINDS = {
+# What a path is, in words, by its stat type: the one table every "expected X, found Y" reads
+FILE_KINDS = {
+    stat.S_IFREG: "a regular file",
     stat.S_IFDIR: "a directory",
     stat.S_IFIFO: "a FIFO (named pipe)",
     stat.S_IFSOCK: "a socket",
@@ -69,7 +71,7 @@ def read_bytes(path: Path | str, *, what: str, limit: int = LIMITS["json"], hint
         ) from None
     kind = stat.S_IFMT(info.st_mode)
     if kind != stat.S_IFREG:
-        found = _KINDS.get(kind, "not a regular file")
+        found = FILE_KINDS.get(kind, "not a regular file")
         raise InputFileError(
             f"{what} {path}: expected a regular file, found {found}",
             hint=hint or f"pass the path of the {what} file itself",

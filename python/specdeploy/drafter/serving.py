@@ -30,6 +30,7 @@ from pathlib import Path
 
 from specdeploy.core import atomic, layout
 from specdeploy.core.errors import SpecdeployError, UnresolvedPinError, UsageError, WriteError
+from specdeploy.core.files import FILE_KINDS
 from specdeploy.core.keeper import Keeper, Staged
 from specdeploy.drafter.verify import (
     CONFIG_NAME,
@@ -50,14 +51,6 @@ class ServingPathError(SpecdeployError):
 
     exit_code = 2
 
-
-_KINDS = {
-    stat.S_IFREG: "a regular file",
-    stat.S_IFIFO: "a FIFO (named pipe)",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-}
 
 _CAUSES = {
     errno.EROFS: ("the filesystem is mounted read-only", "remount it read-write"),
@@ -190,7 +183,7 @@ def _kind(path: Path) -> str | None:
         return None
     if stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
         return None
-    return _KINDS.get(stat.S_IFMT(mode), "not a directory")
+    return FILE_KINDS.get(stat.S_IFMT(mode), "not a directory")
 
 
 def _check_paths(serving_dir: Path, builds: Path) -> None:

@@ -88,15 +88,6 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-_KINDS = {
-    stat.S_IFDIR: "a directory",
-    stat.S_IFIFO: "a FIFO (named pipe)",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-}
-
-
 def _not_a_file(path: Path) -> str | None:
     """What is at `path` when it is there and not a regular file (a link is followed); else None."""
     try:
@@ -104,7 +95,7 @@ def _not_a_file(path: Path) -> str | None:
     except OSError:
         return None
     kind = stat.S_IFMT(info.st_mode)
-    return None if kind == stat.S_IFREG else _KINDS.get(kind, "not a regular file")
+    return None if kind == stat.S_IFREG else files.FILE_KINDS.get(kind, "not a regular file")
 
 
 def read_stamp(path: Path) -> Stamp | None:

@@ -18,17 +18,9 @@ import subprocess
 from pathlib import Path
 
 from specdeploy.core.errors import InputFileError, ProgramError, UsageError
+from specdeploy.core.files import FILE_KINDS
 
 INSTALL_HINT = "install podman >= 4.5 (the gpu_runtime role does), or pass --podman PATH to a podman that runs"
-
-_KINDS = {
-    stat.S_IFDIR: "a directory",
-    stat.S_IFIFO: "a FIFO (named pipe)",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFREG: "a regular file",
-}
 
 
 def command(podman: str) -> list[str]:
@@ -69,7 +61,7 @@ def require(podman: str) -> list[str]:
     kind = stat.S_IFMT(info.st_mode)
     if kind != stat.S_IFREG:
         raise ProgramError(
-            f"--podman {podman}: expected an executable podman, found {_KINDS.get(kind, 'not a file')} at {path}; "
+            f"--podman {podman}: expected an executable podman, found {FILE_KINDS.get(kind, 'not a file')} at {path}; "
             "nothing was run",
             hint=INSTALL_HINT,
         )
@@ -113,7 +105,7 @@ def regular_file(path: Path | str, *, option: str, what: str, hint: str) -> Path
     kind = stat.S_IFMT(info.st_mode)
     if kind != stat.S_IFREG:
         raise InputFileError(
-            f"{option} {path}: expected {what} (a regular file), found {_KINDS.get(kind, 'not a regular file')}",
+            f"{option} {path}: expected {what} (a regular file), found {FILE_KINDS.get(kind, 'not a regular file')}",
             hint=hint,
         )
     return path
@@ -131,7 +123,7 @@ def directory(path: Path | str, *, option: str, what: str, hint: str) -> Path:
     kind = stat.S_IFMT(info.st_mode)
     if kind != stat.S_IFDIR:
         raise UsageError(
-            f"{option} {path}: expected {what} (a directory), found {_KINDS.get(kind, 'something else')}", hint=hint
+            f"{option} {path}: expected {what} (a directory), found {FILE_KINDS.get(kind, 'something else')}", hint=hint
         )
     return path
 
@@ -144,4 +136,4 @@ def kind_of(path: Path) -> str | None:
         return None
     except OSError as exc:
         return f"something that cannot be read ({exc.strerror or exc})"
-    return _KINDS.get(stat.S_IFMT(info.st_mode), "something else")
+    return FILE_KINDS.get(stat.S_IFMT(info.st_mode), "something else")

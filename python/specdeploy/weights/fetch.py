@@ -439,18 +439,10 @@ def _download_failure(
 
 # --------------------------------------------------------------------------- the destination
 
-_CAUSES = {
-    errno.EROFS: "the filesystem is mounted read-only",
-    errno.ENOSPC: "the filesystem is full",
-    errno.EDQUOT: "the disk quota is exhausted",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "operation not permitted",
-}
-
 
 def _cause(exc: OSError) -> str:
     code = exc.errno or 0
-    return f"{_CAUSES.get(code, exc.strerror or str(exc))} ({errno.errorcode.get(code, code)})"
+    return f"{atomic.WRITE_CAUSES.get(code, exc.strerror or str(exc))} ({errno.errorcode.get(code, code)})"
 
 
 def _prepare_destination(dest: Path) -> list[Path]:
