@@ -23,15 +23,15 @@ import os
 import shutil
 import socket
 import stat
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import huggingface_hub  # noqa: F401  imported now, with this process's environment: it reads HF_ENDPOINT once
 import pytest
 from tests.badinput.conftest import ROOT, Run, Snapshot, write
+from tests.support.stub import stubs
 
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import variants
@@ -135,34 +135,27 @@ ANSWERS: dict[str, tuple[int, dict[str, str], bytes]] = {
 @pytest.fixture
 def hub() -> Iterator[Callable[[str], str]]:
     """`hub("failing")`: the URL of a loopback stub answering every request as ANSWERS says."""
-    servers: list[ThreadingHTTPServer] = []
+    with stubs() as started:
 
-    def start(kind: str) -> str:
-        status, headers, body = ANSWERS[kind]
+        def start(kind: str) -> str:
+            status, headers, body = ANSWERS[kind]
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
+            class Handler(BaseHTTPRequestHandler):
+                def log_message(self, *args: Any) -> None:
+                    pass
 
-            def do_GET(self) -> None:  # noqa: N802
-                self.send_response(status)
-                for key, value in {**headers, "Content-Length": str(len(body))}.items():
-                    self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(body)
+                def do_GET(self) -> None:  # noqa: N802
+                    self.send_response(status)
+                    for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                        self.send_header(key, value)
+                    self.end_headers()
+                    self.wfile.write(body)
 
-            do_HEAD = do_GET  # noqa: N815
+                do_HEAD = do_GET  # noqa: N815
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
+            return started.start(Handler)
 
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+        yield start
 
 
 # --------------------------------------------------------------------------- preflight (D4, D17)

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from tests.badinput.conftest import ROOT, Run, Snapshot, write
+from tests.support.variants import drafter_config
 
 from specdeploy.profile import Profile
 from specdeploy.rehearsal import variants
@@ -68,29 +69,6 @@ def fifo(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     os.mkfifo(path)
     return path
-
-
-def drafter_config(profile: Profile) -> dict[str, Any]:
-    """A drafter config.json that verifies against the rehearsal DFlash profile."""
-    layers = profile.drafter_expected("num_hidden_layers")
-    return {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "vocab_size": profile.target.facts.vocab_size.value,
-        "hidden_size": profile.drafter_expected("hidden_size"),
-        "num_hidden_layers": layers,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 64,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-        "sliding_window": None,
-        "layer_types": profile.drafter_expected("layer_types") or ["full_attention"] * layers,
-        "dflash_config": {
-            "mask_token_id": profile.drafter_expected("mask_token_id"),
-            "target_layer_ids": profile.drafter_expected("target_layer_ids"),
-            "block_size": profile.drafter_expected("block_size"),
-        },
-    }
 
 
 @pytest.fixture

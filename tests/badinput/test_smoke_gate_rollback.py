@@ -20,16 +20,16 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.badinput.conftest import Run, Snapshot, write
+from tests.support.stub import stubs
 
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import variants
@@ -165,19 +165,8 @@ def _handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture
 def serve() -> Iterator[Callable[..., str]]:
     """`serve(Engine(...))`: the stub on a loopback port; its base URL. Shut down after the case."""
-    servers: list[ThreadingHTTPServer] = []
-
-    def start(engine: Engine | None = None) -> str:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(engine or Engine()))
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    with stubs() as started:
+        yield lambda engine=None: started.start(_handler(engine or Engine()))
 
 
 @pytest.fixture
