@@ -1,5 +1,6 @@
-"""`specdeploy image build|ensure|check`: engine images from the profile's pins, proven by their
-labels and by what their own Python reports inside (engine version, torch's CUDA)."""
+"""`specdeploy image build|push|ensure|check|manifest`: engine images from the profile's pins, built
+once and pulled by digest, proven by their labels, by what their own Python reports inside
+(engine version, torch's CUDA) and, across builders, by a manifest of every file's content."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ import typer
 from rich.table import Table
 
 from specdeploy.cli import base, output
-from specdeploy.images import build, ensure
+from specdeploy.images import build, ensure, manifest, push
 from specdeploy.profile import load_profile
 
 image_app = base.group("Build and check engine images from the profile's pins.")
+RegistryOpt = Annotated[
+    str | None,
+    typer.Option(help="the site's registry, HOST[:PORT]; the image keeps its repository and tag there"),
+]
 DriverOpt = Annotated[str | None, typer.Option(help="host NVIDIA driver version, to refuse a CUDA it cannot run")]
 
 
@@ -26,6 +31,7 @@ def image_build(
     podman: base.PodmanOpt = "podman",
     driver: DriverOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the podman command, build nothing")] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="run every step again, as a fresh builder")] = False,
 ) -> None:
     """Build the profile's image with every build arg taken from the profile.
 
@@ -39,6 +45,7 @@ def image_build(
         podman=podman,
         dry_run=dry_run,
         driver_version=driver,
+        no_cache=no_cache,
     )
     if dry_run:
         output.out.print(shlex.join(result.argv), highlight=False)
@@ -59,6 +66,10 @@ def image_ensure(
     podman: base.PodmanOpt = "podman",
     driver: DriverOpt = None,
     check: base.CheckOpt = False,
+    cert_dir: Annotated[
+        Path | None, typer.Option(help="pull: a directory holding the registry's CA as ca.crt (default: podman's)")
+    ] = None,
+    registry: RegistryOpt = None,
 ) -> None:
     """Make the profile's image present (build, pull by digest or load an archive), check its
     labels against the profile, and print JSON {changed, reference, ...} for Ansible.
@@ -76,6 +87,8 @@ def image_ensure(
         podman=podman,
         driver_version=driver,
         only_report=check,
+        cert_dir=cert_dir,
+        registry=registry,
     )
     bad = [r.__dict__ for r in ensured.labels if not r.ok]
     summary = {
@@ -125,6 +138,84 @@ def image_check(
 
     output.emit({"image": image, "ok": ok, "labels": [r.__dict__ for r in rows], "fix": fix}, as_json, table)
     raise typer.Exit(0 if ok else 1)
+
+
+@image_app.command("push")
+def image_push(
+    profile: base.ProfileOpt,
+    registry: RegistryOpt = None,
+    lock: base.LockOpt = None,
+    podman: base.PodmanOpt = "podman",
+    cert_dir: Annotated[
+        Path | None, typer.Option(help="a directory holding the registry's CA as ca.crt (podman push --cert-dir)")
+    ] = None,
+    tls_verify: Annotated[bool, typer.Option(help="verify the registry's TLS certificate")] = True,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Push the built image to the site's registry and record the registry's digest (podman push
+    --digestfile) in the lock as engine.image.digest: every host then pulls it by that digest."""
+    pushed = push.push(
+        load_profile(profile),
+        lock=base.lock_at(lock),
+        registry=registry,
+        podman=podman,
+        cert_dir=cert_dir,
+        tls_verify=tls_verify,
+    )
+
+    def table() -> Table:
+        t = Table("", "", title=f"image push {pushed.tag}")
+        for key in ("destination", "digest", "reference", "image_id"):
+            t.add_row(*output.cells(key, getattr(pushed, key)))
+        t.add_row(*output.cells("lock", "recorded" if pushed.recorded else "already recorded"))
+        return t
+
+    output.emit(pushed.__dict__, as_json, table)
+
+
+@image_app.command("manifest")
+def image_manifest(
+    image: Annotated[str, typer.Argument(help="a local image reference or ID")],
+    write: Annotated[Path | None, typer.Option("--output", help="write the manifest (JSON) to this file")] = None,
+    against: Annotated[
+        Path | None, typer.Option(help="a manifest written elsewhere (--output) to compare this image with")
+    ] = None,
+    podman: base.PodmanOpt = "podman",
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Every file of IMAGE by content (path, type, mode, owner, sha256); with --against, compare it
+    with another builder's manifest of the same lock. Exit 0 when equal, 1 when any file differs."""
+    other = None
+    if against is not None:
+        other = manifest.load(against)
+    found = manifest.of_image(image, podman)
+    if write is not None:
+        manifest.write(found, write)
+    differences = [] if other is None else manifest.compare(other.files, found.files)
+
+    def table() -> Table:
+        title = f"image manifest {image}" + (f" against {against}" if against else "")
+        t = Table("path", "there" if against else "", "here", title=title)
+        for d in differences[:50]:
+            t.add_row(*output.cells(d.path, d.left or "(missing)", d.right or "(missing)"))
+        if not differences:
+            t.add_row(*output.cells(f"{len(found.files)} entries", "equal" if against else "", found.image_id))
+        elif len(differences) > 50:
+            t.add_row(*output.cells(f"... {len(differences) - 50} more", "", ""))
+        return t
+
+    summary = {
+        "image": image,
+        "image_id": found.image_id,
+        "entries": len(found.files),
+        "against": str(against) if against else None,
+        "against_image_id": other.image_id if other else None,
+        "equal": not differences if against else None,
+        "differences": [d.__dict__ for d in differences],
+        "excluded": manifest.EXCLUDED,
+    }
+    output.emit(summary, as_json, table)
+    raise typer.Exit(1 if differences else 0)
 
 
 def register(app: typer.Typer) -> None:

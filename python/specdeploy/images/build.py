@@ -11,12 +11,14 @@ its OCI labels against the profile.)
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeploy.core import files
 from specdeploy.core.errors import ProgramError, SpecdeployError, UsageError
 from specdeploy.host import cuda
 from specdeploy.images import podman as podman_exe
@@ -196,7 +198,8 @@ def label_args(profile: Profile, base_digest: str) -> dict[str, str]:
         "IMAGE_SOURCE": source.git_repo or f"pypi:{source.package}",
         "IMAGE_REVISION": str(revision),
         "IMAGE_VERSION": str(source.version.value),
-        "IMAGE_CREATED": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        # the source date, not the build time: two builds of one lock are one image (see build_argv)
+        "IMAGE_CREATED": dt.datetime.fromtimestamp(source_date_epoch(), dt.UTC).isoformat(timespec="seconds"),
         "BASE_NAME": profile.engine.image.base.name,
         "BASE_DIGEST": base_digest,
         "SPECDEPLOY_PROFILE": profile.name,
@@ -209,7 +212,13 @@ def build_args(profile: Profile, *, base_digest: str, merge_base: str | None) ->
     image = profile.engine.image
     assert image is not None
     source = profile.engine.source
-    args = {"BASE_IMAGE": f"{image.base.name}@{base_digest}", **label_args(profile, base_digest)}
+    args = {
+        "BASE_IMAGE": f"{image.base.name}@{base_digest}",
+        # in every RUN's environment: pip compiles .pyc files by content hash, useradd dates the
+        # account by it (instead of embedding the build's clock)
+        "SOURCE_DATE_EPOCH": str(source_date_epoch()),
+        **label_args(profile, base_digest),
+    }
     if profile.engine.kind == "vllm" and source.git_repo:
         assert source.commit is not None and source.git_ref is not None
         args |= {
@@ -237,15 +246,81 @@ def image_tag(profile: Profile) -> str:
     return f"{profile.engine.image.name}:{tag}"
 
 
-def build_argv(profile: Profile, args: dict[str, str], *, context: Path, podman: str) -> list[str]:
+def source_date_epoch() -> int:
+    """The timestamp every image is built at: `$SOURCE_DATE_EPOCH` (reproducible-builds.org), else 0.
+
+    Not the build's clock: with it fixed, the same Containerfile, build args and base give the
+    same image, bit for bit, on every builder (a migration compares image IDs; a rebuild that
+    changed only its clock would look like another stack)."""
+    raw = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if not raw:
+        return DEFAULT_SOURCE_DATE_EPOCH
+    if not raw.isdigit():
+        raise UsageError(
+            f"SOURCE_DATE_EPOCH is {raw!r}: expected whole seconds since 1970 (e.g. `git log -1 --format=%ct`); "
+            "nothing was built",
+            hint="unset it to build at the default epoch, or set it to an integer",
+        )
+    return int(raw)
+
+
+# OCI, not docker: a docker-format config records the build container's ID and hostname, so no
+# two builds are the same image. OCI ignores SHELL (and with it `pipefail`), so a Containerfile
+# whose shell-form RUN has a pipe is refused before the build (`require_no_pipes`).
+IMAGE_FORMAT = "oci"
+DEFAULT_SOURCE_DATE_EPOCH = 0
+
+
+def build_argv(
+    profile: Profile, args: dict[str, str], *, context: Path, podman: str, no_cache: bool = False
+) -> list[str]:
     assert profile.engine.image is not None
     containerfile = str(context / profile.engine.image.containerfile)
-    # docker format: podman's default OCI format ignores SHELL, and with it `pipefail`, so a
-    # failing command left of a pipe would pass the build silently
-    argv = [*podman_cmd(podman), "build", "--format", "docker", "--file", containerfile, "--tag", image_tag(profile)]
+    argv = [
+        *podman_cmd(podman), "build", "--format", IMAGE_FORMAT, "--timestamp", args["SOURCE_DATE_EPOCH"],
+        *(["--no-cache"] if no_cache else []), "--file", containerfile, "--tag", image_tag(profile),
+    ]  # fmt: skip
     for key, value in sorted(args.items()):
         argv += ["--build-arg", f"{key}={value}"]
     return argv + [str(context)]
+
+
+_QUOTED = re.compile(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"")
+_PIPE = re.compile(r"(?<!\|)\|(?!\|)")
+
+
+def require_no_pipes(containerfile: Path) -> None:
+    """Refuse a shell-form RUN with a pipe: in an OCI build SHELL is ignored, so `/bin/sh -c`
+    runs it without `pipefail` and a failing command left of the pipe passes the build
+    (GPU-host blocker 14). Exec-form RUNs (`RUN ["bash", "-o", "pipefail", "-c", ...]`) pass."""
+    text = files.read_text(containerfile, what="Containerfile", limit=files.LIMITS["text"])
+    logical: list[tuple[int, str]] = []
+    start, parts = 0, []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not parts:
+            if line.lstrip().startswith("#"):
+                continue
+            start = number
+        stripped = line.rstrip()
+        parts.append(stripped[:-1] if stripped.endswith("\\") else stripped)
+        if not stripped.endswith("\\"):
+            logical.append((start, " ".join(parts)))
+            parts = []
+    for number, instruction in logical:
+        words = instruction.split(None, 1)
+        if len(words) < 2 or words[0].upper() != "RUN":
+            continue
+        body = re.sub(r"^(--\S+\s+)*", "", words[1])
+        if body.startswith("["):
+            continue  # exec form: the program it names runs it
+        if _PIPE.search(_QUOTED.sub("", body)):
+            raise ImageError(
+                f"{containerfile}:{number}: a shell-form RUN with a pipe: podman builds OCI images, which ignore "
+                "SHELL, so `/bin/sh -c` runs it without pipefail and a failing command left of the pipe would pass "
+                "the build; nothing was built",
+                hint="avoid the pipe (e.g. `find ... -exec`, a temporary file), or use the exec form "
+                'RUN ["/bin/bash", "-o", "pipefail", "-c", "..."]',
+            )
 
 
 @dataclass
@@ -263,8 +338,10 @@ def build(
     podman: str = "podman",
     dry_run: bool = False,
     driver_version: str | None = None,
+    no_cache: bool = False,
 ) -> BuildResult:
-    """Refuse known-bad pins, resolve what the lock lacks, then run podman build."""
+    """Refuse known-bad pins, resolve what the lock lacks, then run podman build (`no_cache`:
+    every step runs again, as on a fresh builder)."""
     if reason := known_bad_reason(profile):
         raise ImageError(f"profile {profile.name}: refusing to build: {reason}")
     require_image(profile)
@@ -273,6 +350,7 @@ def build(
     if not dry_run:
         podman_exe.require(podman)
     require_context(profile, context)
+    require_no_pipes(Path(context) / profile.engine.image.containerfile)  # type: ignore[union-attr]
     if dry_run:
         base_digest = require(profile, "engine.image.base.digest", lock) if _resolved(profile, lock) else "<unresolved>"
         merge_base = _merge_base_if_any(profile, lock, resolve=False)
@@ -280,7 +358,11 @@ def build(
         base_digest = resolve_base_digest(profile, lock, podman)
         merge_base = _merge_base_if_any(profile, lock, resolve=True)
     argv = build_argv(
-        profile, build_args(profile, base_digest=base_digest, merge_base=merge_base), context=context, podman=podman
+        profile,
+        build_args(profile, base_digest=base_digest, merge_base=merge_base),
+        context=context,
+        podman=podman,
+        no_cache=no_cache,
     )
     if dry_run:
         return BuildResult(image_tag(profile), None, argv)

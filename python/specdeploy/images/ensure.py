@@ -17,6 +17,7 @@ from pathlib import Path
 from specdeploy.core import files
 from specdeploy.core.errors import ProgramError, UsageError
 from specdeploy.core.layout import GUARDS_IN_IMAGE
+from specdeploy.core.references import in_registry
 from specdeploy.host import cuda
 from specdeploy.images import build
 from specdeploy.images import podman as podman_exe
@@ -231,6 +232,8 @@ def ensure(
     podman: str = "podman",
     driver_version: str | None = None,
     only_report: bool = False,
+    cert_dir: Path | None = None,
+    registry: str | None = None,
 ) -> Ensured:
     """Make the profile's image present on this host — built from the Containerfile, pulled by
     the pinned digest, or loaded from an archive (air-gapped sites) — then prove its labels
@@ -264,10 +267,16 @@ def ensure(
             action = "built"
         elif source == "pull":
             digest = require(profile, "engine.image.digest", lock)
-            pulled = podman_run(podman, "pull", f"{profile.engine.image.name}@{digest}")
+            remote = f"{in_registry(profile.engine.image.name, registry)}@{digest}"
+            cert = ["--cert-dir", str(cert_dir)] if cert_dir is not None else []
+            pulled = podman_run(podman, "pull", "--quiet", *cert, remote)
             if pulled.returncode != 0:
-                raise ImageError(f"cannot pull {profile.engine.image.name}@{digest}: {pulled.stderr.strip()[-300:]}")
-            podman_run(podman, "tag", f"{profile.engine.image.name}@{digest}", tag)
+                raise ImageError(
+                    f"cannot pull {remote}: {pulled.stderr.strip()[-300:]}",
+                    hint="push it from the builder first (specdeploy image push --registry ...), check the digest "
+                    "the lock holds, and that this host trusts the registry (images_registry_ca_src)",
+                )
+            podman_run(podman, "tag", remote, tag)  # the profile's name: the engine unit runs NAME@DIGEST
             action = "pulled"
         elif source == "archive":
             assert archive is not None

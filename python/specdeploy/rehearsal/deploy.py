@@ -211,18 +211,51 @@ def rehearsal_vault(directory: Path, *, token: str | None = None, api_key: str |
     return kept
 
 
-def pinned_profile(profile: Profile, commits: dict[str, str], directory: Path) -> Path:
+def pinned_profile(
+    profile: Profile,
+    commits: dict[str, str],
+    directory: Path,
+    *,
+    image_digest: str | None = None,
+) -> Path:
     """`profile` with its models pinned at the hub's commits, written to `directory/<name>.yaml`
-    (the profiles directory the play deploys from): fixtures have no commit before the hub does."""
+    (the profiles directory the play deploys from): fixtures have no commit before the hub does.
+    `image_digest`: the digest the engine image's push returned, which the hosts pull."""
 
     def pin(repo: str) -> dict[str, str]:
         return {"value": commits[repo], "provenance": "rehearsal", "source": "the fixture repo's commit on the hub"}
 
-    patch: dict[str, object] = {"target": {"revision": pin(profile.target.repo)}}
+    patch: dict[str, Any] = {"target": {"revision": pin(profile.target.repo)}}
     if profile.drafter is not None:
         patch["drafter"] = {"revision": pin(profile.drafter.repo)}
+    if image_digest is not None:
+        digest = {
+            "value": image_digest,
+            "provenance": "rehearsal",
+            "source": "podman push --digestfile to the rehearsal's registry (specdeploy image push)",
+        }
+        patch["engine"] = {"image": {"digest": digest}}
     pinned = variants.derive(profile, profile.name, patch)
     return variants.materialize(pinned, directory)
+
+
+def build_once(profile: Profile, *, wheels: Path, site: Any, lock: Path) -> str:
+    """The documented flow on the controller, the site's builder: build the engine image (once per
+    cache key), push it to the registry, return the registry's digest every host pulls."""
+    from specdeploy.images import push
+    from specdeploy.profile.lock import Lock
+    from specdeploy.rehearsal import engine_image
+
+    # the builder's lock, one per build key: a new key (new pins) is a new image with a new digest
+    key = engine_image.archive_key(profile, context=checkout(), wheels=wheels)
+    builder_lock = Lock(lock.with_name(f"{lock.stem}-{key}{lock.suffix}"))
+    for stale in lock.parent.glob(f"{lock.stem}-*{lock.suffix}"):
+        if stale != builder_lock.path:
+            stale.unlink()
+    engine_image.build_on_controller(profile, context=checkout(), wheels=wheels, lock=builder_lock)
+    print(f"pushing the engine image to the rehearsal's registry {site.address}", file=sys.stderr)
+    pushed = push.push(profile, lock=builder_lock, registry=site.address, podman=hosts.PODMAN, cert_dir=site.cert_dir)
+    return pushed.digest
 
 
 def playbook_argv(
@@ -304,7 +337,7 @@ def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) 
     """Deploy cpu-rehearsal-container to the disposable host (booted when missing) with its weights
     from the gated hub, and read this run's gate report. `patch`: deploy a variant of the profile
     instead (benchmarks/rehearsal_deploy.py deploys one whose gate fails, to time a rollback)."""
-    from specdeploy.rehearsal import engine_image, hub
+    from specdeploy.rehearsal import hub, registry
 
     check_controller()
     profile = load_profile(PROFILE)
@@ -313,10 +346,11 @@ def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) 
     (state / "secrets.json").unlink(missing_ok=True)  # the plain vars file of earlier versions
     kept = rehearsal_vault(state / "secrets")
     token = kept.values()["weights_hf_token"]
-    base_archive = engine_image.base_archive(profile)
+    site = registry.start_registry()
     gated = [model.repo for _, model in models_of(profile) if model.gated]
     with hub.hub(token=token, gated=gated) as served:
-        profiles = pinned_profile(profile, served.commits, state / "profiles").parent
+        digest = build_once(profile, wheels=wheels, site=site, lock=state / "builder.lock")
+        profiles = pinned_profile(profile, served.commits, state / "profiles", image_digest=digest).parent
         if patch:
             variant = variants.derive(load_profile(profiles / f"{PROFILE}.yaml"), PROFILE, patch)
             profiles = variants.materialize(variant, state / "profiles-variant").parent
@@ -332,8 +366,10 @@ def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) 
             extra_vars={
                 "weights_source": "hub",
                 "weights_hf_endpoint": served.endpoint_in_network,
-                "images_source": "build",
-                "images_base_archive_src": str(base_archive),
+                # build once, pull by digest: the image built and pushed above, the site CA trusted
+                "images_source": "pull",
+                "images_registry": site.address,
+                "images_registry_ca_src": str(site.ca),
             },
             vault=kept,
         )

