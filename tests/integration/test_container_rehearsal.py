@@ -37,6 +37,7 @@ from specdeploy.core import layout
 from specdeploy.gate.run import new_run_id
 from specdeploy.images import build as images
 from specdeploy.profile import load_profile
+from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import deploy, engine_image, hosts, hub, variants
 
 pytestmark = [pytest.mark.testhost, pytest.mark.vllm, pytest.mark.podman, pytest.mark.hub]
@@ -195,6 +196,35 @@ def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_
     assert again.returncode == 0, again.stdout[-4000:]
     assert second is not None and second["verdict"] == "pass"
     assert deploy.changed_tasks(again.stdout) == []
+
+
+def test_the_engine_image_built_on_the_host_holds_the_same_files_as_the_one_built_on_the_controller(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """Reproducible by construction: the CPU engine image the images role built on this host
+    (podman 5 on trixie; on a warm cache the archive a host built for this cache key, loaded) and
+    the one built once on the controller (podman 4, the main job's builder, `build_on_controller`)
+    from the same lock and build context hold the same files: path, type, mode, owner and sha256
+    of every file (`specdeploy image manifest`; what it leaves out, and why:
+    specdeploy.images.manifest.EXCLUDED)."""
+    profile = load_profile(PROFILE)
+    built = engine_image.build_on_controller(
+        profile, context=deploy.checkout(), wheels=rig.wheels, lock=Lock(tmp_path / "builder.lock")
+    )
+    there = "/var/tmp/engine-manifest.json"
+    rig.host.ssh(f"{CLI} image manifest {images.image_tag(profile)} --output {there} --json > /dev/null")
+    copied = tmp_path / "host-manifest.json"
+    subprocess.run(["podman", "cp", f"{HOST_NAME}:{there}", str(copied)], check=True, capture_output=True)
+    compared = subprocess.run(
+        [sys.executable, "-m", "specdeploy", "image", "manifest", built, "--against", str(copied), "--json",
+         "--podman", hosts.PODMAN],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    result = json.loads(compared.stdout)
+    assert compared.returncode == 0 and result["equal"] is True, result["differences"][:20]
+    assert result["entries"] > 50000  # the whole image: vLLM, torch, the OS
+    host_id = json.loads(copied.read_text())["image_id"]
+    print(f"host-built {host_id}, controller-built {result['image_id']}: {result['entries']} entries equal")
 
 
 def test_a_failed_gate_restores_the_previous_container_stack_which_serves(rig: Rig, tmp_path: Path) -> None:
