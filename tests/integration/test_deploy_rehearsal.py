@@ -54,6 +54,14 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
         yield h
 
 
+def _site(host: Host) -> Path:
+    """The controller's inventory directory for this module's host, as a site keeps one: the
+    site's lock beside it (specdeploy_site_lock) lives exactly as long as the host."""
+    site = host.key.parent / "site"
+    site.mkdir(exist_ok=True)
+    return site
+
+
 def _playbook(
     host: Host,
     tmp_path: Path,
@@ -69,7 +77,7 @@ def _playbook(
     run_id = new_run_id()
     argv = deploy.playbook_argv(
         host,
-        tmp_path / "hosts.ini",
+        _site(host) / "hosts.ini",
         wheels=wheelhouse,
         archive=weights,
         run_id=run_id,
