@@ -110,10 +110,8 @@ def pin_snapshot(profile: Profile) -> dict[str, Any]:
         snap |= {"drafter.repo": profile.drafter.repo, "drafter.revision": _pin(profile.drafter.revision)}
         if profile.drafter.config is not None:
             expected = profile.drafter.config.expected
-            snap |= {
-                "drafter.config.expected": {name: _pin(expected[name]) for name in sorted(expected)},
-                "drafter.config.canonical_sha256": _pin(profile.drafter.config.canonical_sha256),
-            }
+            snap |= {f"drafter.config.expected.{name}": _pin(expected[name]) for name in sorted(expected)}
+            snap["drafter.config.canonical_sha256"] = _pin(profile.drafter.config.canonical_sha256)
     return snap
 
 
