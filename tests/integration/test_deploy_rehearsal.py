@@ -20,10 +20,12 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from tests.support.testhost import Host, boot_host, rehearsal_host_image
 
 from specdeploy.core import layout
@@ -54,6 +56,14 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
         yield h
 
 
+def _site(host: Host) -> Path:
+    """The controller's inventory directory for this module's host, as a site keeps one: the
+    site's lock beside it (specdeploy_site_lock) lives exactly as long as the host."""
+    site = host.key.parent / "site"
+    site.mkdir(exist_ok=True)
+    return site
+
+
 def _playbook(
     host: Host,
     tmp_path: Path,
@@ -69,7 +79,7 @@ def _playbook(
     run_id = new_run_id()
     argv = deploy.playbook_argv(
         host,
-        tmp_path / "hosts.ini",
+        _site(host) / "hosts.ini",
         wheels=wheelhouse,
         archive=weights,
         run_id=run_id,
@@ -212,6 +222,67 @@ def test_a_serve_flag_and_an_api_key_change_only_the_engine_and_the_gate_sends_t
     seen = host.ssh(f"ps -eo args; journalctl -u {layout.UNIT_NAME} --no-pager; cat /proc/*/cmdline", check=False)
     assert API_KEY not in seen.stdout and API_KEY not in run.stdout + run.stderr
     assert len(seen.stdout) > 1000  # the journal and process list were there to search
+
+
+def _controller_cli(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "specdeploy", *map(str, args)], capture_output=True, text=True)
+
+
+def test_a_pin_bump_goes_through_lock_update_and_a_deploy_and_an_edited_host_lock_is_refused(
+    host: Host, tmp_path: Path, wheelhouse: Path, weights: Path
+) -> None:
+    """Issue 21, item 4, on the deployed host and the site's lock beside the inventory. The
+    cheapest real pin bump (no image, no weights): the drafter's expected vocab_size is no longer
+    pinned. Deployed as is, the play refuses before any stage, naming the pin and `lock update`;
+    `lock update` shows the pin and the entry it makes stale (the drafter config's hash) and
+    writes the lock; the deploy then passes its gate, write-config records the hash again and the
+    fetch-back puts it in the site's lock, which the host then holds byte for byte. Then the host's
+    lock is edited by hand: the next play is refused before any stage, naming the entry, the
+    host's value and the site's, and the host is left as it was."""
+    site = _site(host) / "specdeploy.lock"
+    profiles = _keyed_profiles(tmp_path)  # the stack the previous test deployed
+    path = profiles / "cpu-rehearsal.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["drafter"]["config"]["expected"]["vocab_size"] = {"provenance": "unresolved", "source": "a pin bump test"}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    key = "drafter.config.canonical_sha256"
+    recorded = json.loads(site.read_text())["profiles"]["cpu-rehearsal"][key]
+
+    refused, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=profiles)
+    assert refused.returncode != 0 and report is None, refused.stdout[-4000:]
+    assert "drafter.config.expected.vocab_size: locked for 640, the profile has None" in refused.stdout
+    assert "specdeploy lock update --profile cpu-rehearsal" in refused.stdout
+    assert not any(t.startswith(("weights :", "engine :")) for t in deploy.changed_tasks(refused.stdout))
+
+    shown = _controller_cli("lock", "update", "--profile", path, "--lock", site, "--json")
+    assert shown.returncode == 0, shown.stderr
+    plan = json.loads(shown.stdout)
+    assert [c["pin"] for c in plan["changed_pins"]] == ["drafter.config.expected.vocab_size"]
+    assert [s["key"] for s in plan["stale_entries"]] == [key] and plan["written"] is True
+
+    run, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=profiles)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert report is not None and report["verdict"] == "pass"
+    lock = json.loads(site.read_text())
+    again = lock["profiles"]["cpu-rehearsal"][key]
+    assert again["value"] == recorded["value"] and again["recorded_at"] >= recorded["recorded_at"]
+    assert "superseded" not in lock  # the value resolved again is current, not superseded
+    assert host.ssh(f"cat {DEFAULT.lock}").stdout == site.read_text()
+    assert host.ssh(f"stat -c '%a %U' {DEFAULT.lock}").stdout.strip() == "644 root"
+
+    edited = "0" * 64
+    host.ssh(
+        f"python3 -c \"import json; p='{DEFAULT.lock}'; d=json.load(open(p)); "
+        f"d['profiles']['cpu-rehearsal']['{key}']['value']='{edited}'; json.dump(d, open(p, 'w'))\""
+    )
+    started, edited_lock = _engine_started(host), host.ssh(f"cat {DEFAULT.lock}").stdout
+    refused, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=profiles)
+    assert refused.returncode != 0 and report is None, refused.stdout[-4000:]
+    text = " ".join(refused.stdout.split())
+    assert f"cpu-rehearsal/{key}: host '{edited}'" in text and f"site '{recorded['value']}'" in text
+    assert "remove the host's lock" in text
+    assert host.ssh(f"cat {DEFAULT.lock}").stdout == edited_lock and _engine_started(host) == started
+    host.ssh(f"rm {DEFAULT.lock}")  # the fix the refusal names: the next deploy pushes the site's lock
 
 
 def _serving_version(host: Host) -> str:

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from specdeploy.cli import base, drafter, engine, gate, host, images, profile, rehearsal, rollback, smoke, weights
+from specdeploy.cli import lock as lock_cli
 
 app = typer.Typer(
     cls=base.Boundary,
@@ -35,7 +36,7 @@ def root(
     ctx.obj = {"debug": debug}
 
 
-for module in (profile, host, images, weights, drafter, engine, smoke, rollback, gate, rehearsal):
+for module in (profile, host, images, weights, drafter, engine, smoke, rollback, gate, rehearsal, lock_cli):
     module.register(app)
 
 

@@ -81,3 +81,18 @@ class LockFileError(SpecdeployError):
     JSON without the lock's shape (profile.lock). Bad input, exit 2; nothing is recorded."""
 
     exit_code = 2
+
+
+class LockDivergenceError(SpecdeployError):
+    """A host's lock holds a value the site's lock (on the controller) does not: the host was
+    changed outside a deploy, or deployed from another lock (profile.site_lock). Nothing was
+    deployed to it."""
+
+    exit_code = 1
+
+
+class PinsChangedError(SpecdeployError):
+    """A profile's pins differ from those the site's lock was made for: a pin bump that did not
+    go through `specdeploy lock update` (profile.site_lock). Nothing was deployed."""
+
+    exit_code = 1

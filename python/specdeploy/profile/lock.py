@@ -35,9 +35,16 @@ def default_lock_path() -> Path:
 class Lock:
     """A lock file on disk. Reads are cheap; every `record` rewrites the file atomically."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, data: dict[str, Any] | None = None) -> None:
         self.path = Path(path)
-        self.data = self._read()
+        self.data = self._read() if data is None else data
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, origin: str) -> Lock:
+        """A lock read from bytes handed over by someone else (a host's lock, read by the
+        controller: site_lock): the same checks as a file, `origin` naming it in messages. It
+        is never written (its path is `origin`)."""
+        return cls(origin, data=cls._parse(raw, origin))
 
     def _read(self) -> dict[str, Any]:
         if "\0" in str(self.path):
@@ -52,24 +59,34 @@ class Lock:
             raw = files.read_bytes(self.path, what="lock file", limit=files.LIMITS["json"], hint=_PATH_HINT)
         except InputFileError as exc:  # not a file, too large, unreadable: the path is wrong
             raise LockFileError(f"{exc.message}; nothing was read from it or recorded in it", hint=exc.hint) from None
+        return self._parse(raw, self.path)
+
+    @staticmethod
+    def _parse(raw: bytes, origin: Path | str) -> dict[str, Any]:
+        if len(raw) > files.LIMITS["json"]:
+            raise LockFileError(
+                f"lock file {origin}: {len(raw)} bytes, over the ceiling of {files.LIMITS['json']}; "
+                "nothing was read from it or recorded in it",
+                hint=_RESTORE,
+            )
         try:
-            data = files.parse_json(files.decode(raw, self.path, what="lock file"), str(self.path), what="lock file")
+            data = files.parse_json(files.decode(raw, origin, what="lock file"), str(origin), what="lock file")
         except InputFileError as exc:  # the right file, damaged: restore it
             raise LockFileError(f"{exc.message}; nothing was read from it or recorded in it", hint=_RESTORE) from None
         except ValueError as exc:  # JSON that Python will not hold, e.g. a number of 5000 digits
             raise LockFileError(
-                f"lock file {self.path} is not usable JSON: {exc}; nothing was read from it or recorded in it",
+                f"lock file {origin} is not usable JSON: {exc}; nothing was read from it or recorded in it",
                 hint=_RESTORE,
             ) from None
         try:  # every string must survive the next atomic rewrite (UTF-8): a lone "\ud800" escape does not
             json.dumps(data, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as exc:
             raise LockFileError(
-                f"lock file {self.path} holds text that is not valid Unicode ({exc.object[exc.start : exc.end]!r}, "
+                f"lock file {origin} holds text that is not valid Unicode ({exc.object[exc.start : exc.end]!r}, "
                 "a lone surrogate escape); the lock was not used",
                 hint=_RESTORE,
             ) from None
-        check_shape(data, self.path)
+        check_shape(data, origin)
         return data
 
     def get(self, profile: str, key: str) -> dict[str, Any] | None:
@@ -100,9 +117,18 @@ class Lock:
         if detail is not None:
             entry["detail"] = detail
         self.data["profiles"].setdefault(profile, {})[key] = entry
-        atomic.ensure_dir(self.path.parent if str(self.path.parent) else Path("."))
-        atomic.write_json(self.path, self.data, sort_keys=True)
+        self.save()
         return True
+
+    def text(self) -> str:
+        """The lock as it is written: one serialisation, so the controller's copy and a host's
+        copy of the same lock are byte-identical (the play's push changes nothing then)."""
+        return json.dumps(self.data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    def save(self) -> None:
+        """Write the whole lock atomically (core.atomic)."""
+        atomic.ensure_dir(self.path.parent if str(self.path.parent) else Path("."))
+        atomic.write_bytes(self.path, self.text().encode("utf-8"))
 
 
 _RESTORE = (
@@ -136,7 +162,8 @@ def _kind(value: Any) -> str:
 def check_shape(data: Any, path: Path | str) -> None:
     """Refuse, naming the entry, a lock document that is not `{"schema_version": 1,
     "profiles": {PROFILE: {KEY: {"value": ..., "recorded_by": str, "recorded_at": str,
-    "detail"?: {...}}}}}` with each KEY's value of its kind."""
+    "detail"?: {...}}}}, "pins"?: {PROFILE: {"values": {...}, "updated_by": str, "updated_at":
+    str}}, "superseded"?: {PROFILE: {KEY: [value, ...]}}}` with each KEY's value of its kind."""
 
     def bad(where: str, expected: str, found: Any) -> LockFileError:
         return LockFileError(
@@ -185,6 +212,31 @@ def check_shape(data: Any, path: Path | str) -> None:
             content = entry.get("detail", {}).get("content")
             if content is not None and not isinstance(content, dict):
                 raise bad(f"{where}.detail.content", "an object (the config.json recorded)", content)
+    # The controller's sections (profile.site_lock): the pins each profile's entries were made
+    # for, and the values a deliberate pin bump (`lock update`) superseded.
+    pins = data.get("pins", {})
+    if not isinstance(pins, dict):
+        raise bad("field pins", "an object of profile pin snapshots", pins)
+    for name, snapshot in pins.items():
+        where = f"pins.{name}"
+        if not isinstance(snapshot, dict) or not isinstance(snapshot.get("values"), dict):
+            raise bad(
+                f"{where}.values",
+                "an object {pin: value}",
+                (snapshot or {}).get("values", _MISSING) if isinstance(snapshot, dict) else snapshot,
+            )
+        for field in ("updated_by", "updated_at"):
+            if not isinstance(snapshot.get(field), str):
+                raise bad(f"{where}.{field}", "a string", snapshot.get(field, _MISSING))
+    superseded = data.get("superseded", {})
+    if not isinstance(superseded, dict):
+        raise bad("field superseded", "an object of profile sections", superseded)
+    for name, section in superseded.items():
+        if not isinstance(section, dict):
+            raise bad(f"superseded.{name}", "an object {key: [values]}", section)
+        for key, values in section.items():
+            if not isinstance(values, list):
+                raise bad(f"superseded.{name}.{key}", "a list of superseded values", values)
 
 
 def require(profile: Profile, path: str, lock: Lock | None) -> Any:

@@ -45,6 +45,8 @@ HOST_IP = "10.89.64.20"  # on the hub's test network (specdeploy.rehearsal.hub)
 # Reproducible wheel bytes: an unchanged checkout gives an identical specdeploy wheel, so a
 # re-run copies nothing and reinstalls nothing on the host.
 SOURCE_DATE_EPOCH = "315532800"
+# The site's lock, beside the inventory (ansible/roles/specdeploy/defaults: specdeploy_site_lock)
+SITE_LOCK = "specdeploy.lock"
 
 
 def checkout() -> Path:
@@ -126,6 +128,9 @@ def host() -> hosts.Host:
     if found is not None:
         return found
     print(f"booting the disposable rehearsal host {HOST_NAME} (ssh on 127.0.0.1:{HOST_SSH_PORT})", file=sys.stderr)
+    # the site's lock beside the inventory (main_job) belongs to the host it was resolved on: a new
+    # host is a new site (its image ID, say, is its own build's)
+    (state / SITE_LOCK).unlink(missing_ok=True)
     hub.ensure_network()
     return hosts.start(
         HOST_NAME, HOST_SSH_PORT, state, image=image, containers=True, network=hosts.Network(hub.NETWORK, HOST_IP)
@@ -326,6 +331,19 @@ def gate_report(target: hosts.Host, run_id: str, state: Path | None = None) -> d
     return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
 
 
+def _follow_fixture_pins(path: Path, profile: Profile) -> None:
+    """The rehearsal pins the hub's commits of fixtures generated here: when the fixtures change,
+    so do the pins, a deliberate bump by construction — `lock update` it, as a site would."""
+    from specdeploy.profile import site_lock
+    from specdeploy.profile.lock import Lock
+
+    site = Lock(path)
+    if site_lock.changed_pins(site, profile):
+        plan = site_lock.plan_update(site, profile)
+        site_lock.apply_update(site, profile, plan)
+        print(f"lock update: the fixtures' pins moved ({', '.join(c.pin for c in plan.changed)})", file=sys.stderr)
+
+
 @dataclass
 class MainJob:
     run_id: str
@@ -354,6 +372,7 @@ def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) 
         if patch:
             variant = variants.derive(load_profile(profiles / f"{PROFILE}.yaml"), PROFILE, patch)
             profiles = variants.materialize(variant, state / "profiles-variant").parent
+        _follow_fixture_pins(state / SITE_LOCK, load_profile(profiles / f"{PROFILE}.yaml"))
         run_id = new_run_id()
         argv = playbook_argv(
             target,
