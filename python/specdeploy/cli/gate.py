@@ -39,6 +39,11 @@ def print_gate(report: dict[str, Any]) -> None:
         if rollback.get("downtime_s") is not None:
             summary += f" (downtime {rollback['downtime_s']} s)"
         table.add_row(*output.cells("rollback", output.status("ok" if serves else "fail"), summary))
+    images = report.get("images_pruned")
+    if images is not None:  # after a pass (container profiles): what went, and what could not
+        failed = [line for line in images if line.startswith("not pruned: ")]
+        summary = "; ".join(images) if images else "no old engine image to remove"
+        table.add_row(*output.cells("image prune", output.status("warn" if failed else "ok"), summary))
     table.add_row(*output.cells("verdict", output.status(report["verdict"]), report["message"]))
     output.out.print(table)
     output.out.print(f"gate: [bold]{report['verdict']}[/] (exit {report['exit_code']}) in {report['elapsed_s']}s")
@@ -73,6 +78,7 @@ def gate(
         float | None,
         typer.Option(help="seconds to wait for the engine to be ready (default: the profile's readiness_timeout_s)"),
     ] = None,
+    podman: base.PodmanOpt = "podman",
     as_json: base.JsonOpt = False,
 ) -> None:
     """Gate a deployed stack: the DFlash startup-log check, the smoke checks and, on failure,
@@ -82,8 +88,10 @@ def gate(
     then the startup log file and the endpoint (a base URL: readiness ends at once otherwise).
 
     Writes <state>/runs/<run-id>/gate.json on every exit path; points <state>/verified at the
-    run when it passes. Exit 0 pass, 1 fail, 2 could not test, 3 inconclusive, 4 failed and
-    the previous stack was not proven to serve, 130 interrupted. The API key, when the profile
+    run when it passes, then prunes old weight revisions and (container profiles, with --podman)
+    the engine images that neither the unit nor the rollback names. Exit 0 pass, 1 fail, 2 could
+    not test, 3 inconclusive, 4 failed and the previous stack was not proven to serve, 130
+    interrupted. The API key, when the profile
     names one, is read from the host's key file (<state>/secrets/<name>), or $SPECDEPLOY_API_KEY
     for a run by hand (never argv).
     """
@@ -102,6 +110,8 @@ def gate(
         rollback=rollback,
         show_progress=sys.stderr.isatty(),
         readiness_timeout_s=readiness_timeout,
+        podman=podman,
+        unit_file=layout.UNIT_FILES["container"].with_name(f"{unit}.container"),
     )
     host = base.host_layout(models_dir, serving_dir, state_dir)
     report = gate_run.run_gate(resolve_profile_path(profile), host, run_id or gate_run.new_run_id(), options)

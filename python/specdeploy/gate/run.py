@@ -39,6 +39,7 @@ from typing import Any
 from specdeploy.core import atomic, files, keeper, layout
 from specdeploy.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, SpecdeployError, UsageError, WriteError
 from specdeploy.engine import secret, startup_log
+from specdeploy.images import prune as image_prune
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rollback import restore
 from specdeploy.smoke import stages as smoke
@@ -84,6 +85,8 @@ class GateOptions:
     api_key: str | None = None
     show_progress: bool = False
     readiness_timeout_s: float | None = None  # default: the profile's smoke.readiness_timeout_s
+    podman: str = "podman"  # prunes the engine's old images after a pass (container profiles)
+    unit_file: Path = layout.UNIT_FILES["container"]  # the quadlet whose Image= the engine runs
 
 
 @dataclass
@@ -104,6 +107,8 @@ class GateReport:
     # what the serving links resolved to when the stack passed (weights.store.prune keeps these)
     served: list[str] | None = None
     pruned: list[str] | None = None
+    # the engine images removed after the pass (container profiles; images.prune), then what was not
+    images_pruned: list[str] | None = None
     finished_at: str | None = None
     rolling_back: bool = False
     # Set when the gate could not run at all: the CLI's exit code for that error (a bad
@@ -146,6 +151,7 @@ class GateReport:
             "verified": self.verified,
             "served": self.served,
             "pruned": self.pruned,
+            "images_pruned": self.images_pruned,
         }
 
     def write(self) -> None:
@@ -318,6 +324,18 @@ def run_gate(
     return report
 
 
+def _prune_images(image_name: str, host: layout.HostLayout, options: GateOptions) -> list[str]:
+    """The engine images no unit (current or kept for the rollback) names, removed; any failure is
+    a line of the report (images.prune reports its own), never the gate's."""
+    try:
+        pruned = image_prune.prune(
+            image_name, unit_file=options.unit_file, rollback=host.rollback, podman=options.podman
+        )
+    except Exception as exc:  # a pass stays a pass
+        return [f"not pruned: no image of {image_name} was removed: {type(exc).__name__}: {exc}"]
+    return pruned.lines()
+
+
 def _restore_and_prove(unit: str) -> Callable[[layout.HostLayout, str], restore.Outcome]:
     return lambda host, run_id: restore.restore_and_prove(host, run_id, unit=unit)
 
@@ -355,6 +373,8 @@ def _gate(
             report.pruned = store.prune(host, profile.weights.keep_revisions)
         except (SpecdeployError, OSError) as exc:
             report.pruned = [f"not pruned: {exc.message if isinstance(exc, SpecdeployError) else exc}"]
+        if profile.engine.runtime == "container" and profile.engine.image is not None:
+            report.images_pruned = _prune_images(profile.engine.image.name, host, options)
         report.write()
         return
     report.verdict = verdict
