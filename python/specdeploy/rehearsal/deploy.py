@@ -216,51 +216,53 @@ def rehearsal_vault(directory: Path, *, token: str | None = None, api_key: str |
     return kept
 
 
-def pinned_profile(
-    profile: Profile,
-    commits: dict[str, str],
-    directory: Path,
-    *,
-    image_digest: str | None = None,
-) -> Path:
+def pinned_profile(profile: Profile, commits: dict[str, str], directory: Path) -> Path:
     """`profile` with its models pinned at the hub's commits, written to `directory/<name>.yaml`
-    (the profiles directory the play deploys from): fixtures have no commit before the hub does.
-    `image_digest`: the digest the engine image's push returned, which the hosts pull."""
+    (the profiles directory the play deploys from): fixtures have no commit before the hub does."""
 
     def pin(repo: str) -> dict[str, str]:
         return {"value": commits[repo], "provenance": "rehearsal", "source": "the fixture repo's commit on the hub"}
 
-    patch: dict[str, Any] = {"target": {"revision": pin(profile.target.repo)}}
+    patch: dict[str, object] = {"target": {"revision": pin(profile.target.repo)}}
     if profile.drafter is not None:
         patch["drafter"] = {"revision": pin(profile.drafter.repo)}
-    if image_digest is not None:
-        digest = {
-            "value": image_digest,
-            "provenance": "rehearsal",
-            "source": "podman push --digestfile to the rehearsal's registry (specdeploy image push)",
-        }
-        patch["engine"] = {"image": {"digest": digest}}
     pinned = variants.derive(profile, profile.name, patch)
     return variants.materialize(pinned, directory)
 
 
-def build_once(profile: Profile, *, wheels: Path, site: Any, lock: Path) -> str:
+def build_once(profile: Profile, *, wheels: Path, site: Any, site_lock: Path) -> str:
     """The documented flow on the controller, the site's builder: build the engine image (once per
-    cache key), push it to the registry, return the registry's digest every host pulls."""
+    cache key), push it to the registry and record the registry's digest in the site's lock, which
+    the play pushes to the host (its images stage pulls NAME@DIGEST). Returns the digest.
+
+    A new build key is a new image: its digest supersedes the one the site's lock holds, the way
+    `specdeploy lock update --key engine.image.digest` does it (printed, as a site would review it)."""
     from specdeploy.images import push
+    from specdeploy.profile import site_lock as site_locks
     from specdeploy.profile.lock import Lock
     from specdeploy.rehearsal import engine_image
 
-    # the builder's lock, one per build key: a new key (new pins) is a new image with a new digest
+    # the builder's own lock, one per build key (its base digest and image ID)
     key = engine_image.archive_key(profile, context=checkout(), wheels=wheels)
-    builder_lock = Lock(lock.with_name(f"{lock.stem}-{key}{lock.suffix}"))
-    for stale in lock.parent.glob(f"{lock.stem}-*{lock.suffix}"):
+    builder = site_lock.parent / "builder"
+    builder_lock = Lock(builder / f"{key}.lock")
+    for stale in builder.glob("*.lock") if builder.is_dir() else []:
         if stale != builder_lock.path:
             stale.unlink()
     engine_image.build_on_controller(profile, context=checkout(), wheels=wheels, lock=builder_lock)
     print(f"pushing the engine image to the rehearsal's registry {site.address}", file=sys.stderr)
-    pushed = push.push(profile, lock=builder_lock, registry=site.address, podman=hosts.PODMAN, cert_dir=site.cert_dir)
-    return pushed.digest
+    digest = push.push(
+        profile, lock=builder_lock, registry=site.address, podman=hosts.PODMAN, cert_dir=site.cert_dir
+    ).digest
+    lock = Lock(site_lock)
+    recorded = lock.value(profile.name, push.DIGEST_KEY)
+    if recorded is not None and recorded != digest:
+        rebuilt = tuple(k for k in (push.DIGEST_KEY, "engine.image.id") if lock.get(profile.name, k) is not None)
+        plan = site_locks.plan_update(lock, profile, keys=rebuilt)
+        site_locks.apply_update(lock, profile, plan)
+        print(f"lock update: the engine image was rebuilt ({recorded} -> {digest})", file=sys.stderr)
+    lock.record(profile.name, push.DIGEST_KEY, digest, by="image push", detail={"pushed_to": site.address})
+    return digest
 
 
 def playbook_argv(
@@ -367,12 +369,13 @@ def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) 
     site = registry.start_registry()
     gated = [model.repo for _, model in models_of(profile) if model.gated]
     with hub.hub(token=token, gated=gated) as served:
-        digest = build_once(profile, wheels=wheels, site=site, lock=state / "builder.lock")
-        profiles = pinned_profile(profile, served.commits, state / "profiles", image_digest=digest).parent
+        profiles = pinned_profile(profile, served.commits, state / "profiles").parent
         if patch:
             variant = variants.derive(load_profile(profiles / f"{PROFILE}.yaml"), PROFILE, patch)
             profiles = variants.materialize(variant, state / "profiles-variant").parent
-        _follow_fixture_pins(state / SITE_LOCK, load_profile(profiles / f"{PROFILE}.yaml"))
+        deployed = load_profile(profiles / f"{PROFILE}.yaml")
+        _follow_fixture_pins(state / SITE_LOCK, deployed)
+        build_once(deployed, wheels=wheels, site=site, site_lock=state / SITE_LOCK)
         run_id = new_run_id()
         argv = playbook_argv(
             target,
