@@ -8,6 +8,8 @@ own venv at `/opt/specdeploy/engines/<package>-<version>-<archive sha256[:12]>/`
 names that venv's python. A new archive is a new directory, so the previous engine stays
 untouched beside it and a rollback that restores the previous unit runs the previous engine.
 The venv is marked complete last; one without the mark (an install that died) is rebuilt.
+The archive's requirements.lock is a hash lock (locks/engine-*.txt): pip installs it with
+--require-hashes, so a wheel whose bytes changed since it was locked stops the install.
 """
 
 from __future__ import annotations
@@ -150,8 +152,8 @@ def install(archive: Path, root: Path, name: str, *, check: bool = False) -> Eng
             )
         steps = [
             [_base_python(), "-m", "venv", str(dest)],
-            [str(dest / "bin" / "pip"), "install", "--quiet", "--no-index", "--no-deps", "--find-links",
-             str(wheels), "--requirement", str(wheels / LOCK_NAME)],
+            [str(dest / "bin" / "pip"), "install", "--quiet", "--require-hashes", "--no-index", "--no-deps",
+             "--find-links", str(wheels), "--requirement", str(wheels / LOCK_NAME)],
         ]  # fmt: skip
         for argv in steps:
             done = subprocess.run(argv, capture_output=True, text=True)
