@@ -54,7 +54,7 @@ def test_each_lock_says_how_to_refresh_it_and_what_it_leaves_out_and_why(name: s
     assert "refresh with `scripts/lock.sh`" in head and "uv 0.13.9" in head
     assert "--require-hashes --no-deps" in head
     for excluded, why in env.excluded.items():
-        assert f"# Left out on purpose: {excluded}: {why}" in head.replace("\n# ", " ")
+        assert f"\n# Left out on purpose: {excluded}: {why}.\n" in head
         assert excluded not in envlock.read(env)
 
 

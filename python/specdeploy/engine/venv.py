@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdeploy.core import atomic
+from specdeploy.core import atomic, envlock
 from specdeploy.core.errors import SpecdeployError, UsageError
 from specdeploy.images import podman as paths
 from specdeploy.weights.fetch import sha256_file
@@ -159,6 +159,13 @@ def install(archive: Path, root: Path, name: str, *, check: bool = False) -> Eng
             done = subprocess.run(argv, capture_output=True, text=True)
             if done.returncode != 0:
                 shutil.rmtree(dest, ignore_errors=True)
+                if mismatched := envlock.hash_errors(done.stdout + done.stderr):
+                    raise EngineVenvError(
+                        f"engine archive {archive}: the bytes of {', '.join('=='.join(m) for m in mismatched)} differ "
+                        f"from the sha256 its {LOCK_NAME} names; nothing was installed",
+                        hint="copy the archive again from the controller, or rebuild it there with "
+                        "scripts/wheelhouse.sh DIR --engine PACKAGE==VERSION; the running engine is untouched",
+                    )
                 raise EngineVenvError(
                     f"building the engine venv {dest} failed at `{' '.join(argv[:3])}`: "
                     f"{(done.stderr or done.stdout).strip()[-400:]}",

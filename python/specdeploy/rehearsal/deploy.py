@@ -51,7 +51,7 @@ def checkout() -> Path:
     if not (ROOT / "ansible" / "deploy.yml").is_file():
         raise SpecdeployError(
             f"{ROOT} is not a specdeploy checkout (no ansible/deploy.yml)",
-            hint="run the rehearsal deploy from a clone of the repository (pip install -e .)",
+            hint="run the rehearsal deploy from a clone of the repository, in the venv scripts/setup.sh prints",
         )
     return ROOT
 
@@ -78,7 +78,7 @@ def check_controller() -> None:
             raise ProgramError(
                 f"{program} is missing or not executable: the play runs with ansible-core from this Python's "
                 "environment; nothing was built or booted",
-                hint=f"install the dev extra into it ({Path(sys.executable)} -m pip install -e '.[dev]'), "
+                hint="run it from the venv scripts/setup.sh prints (its bin has ansible-core's programs), "
                 "then run this again",
             )
 
