@@ -44,7 +44,7 @@ if [ ! -f "$shared/.complete" ]; then
     --requirement "$lock"
   touch "$shared/.complete"
 fi
-exec 9>&-
+# (still under the lock: two setups of one checkout must not rebuild its .venv at once)
 
 venv="$root/.venv"
 envlock checkout-venv "$shared" "$venv" >/dev/null

@@ -388,6 +388,8 @@ def checkout_venv(shared: Path, dest: Path) -> Path:
     installs the checkout into it (editable, --no-deps)."""
     mark = dest / SHARED_MARK
     if not (mark.is_file() and mark.read_text() == str(shared) and (dest / "bin" / "python").exists()):
+        if dest.exists():
+            print(f"setup: replacing {dest} (made for another dependency venv, or not by setup.sh)", file=sys.stderr)
         shutil.rmtree(dest, ignore_errors=True)
         subprocess.run([str(shared / "bin" / "python"), "-m", "venv", "--without-pip", str(dest)], check=True)
     (site,) = (dest / "lib").glob("python3.*/site-packages")
