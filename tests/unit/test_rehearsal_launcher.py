@@ -21,7 +21,7 @@ def test_container_profiles_are_not_installed_into_a_venv() -> None:
 
 
 def test_conflicting_vision_packages_are_absent() -> None:
-    """setup.sh removes them: PyPI's torchvision breaks transformers' Qwen3 beside CPU torch."""
+    """locks/dev.txt leaves them out: PyPI's torchvision breaks transformers' Qwen3 beside CPU torch."""
     assert [p for p in ("torchvision", "torchaudio", "torchcodec") if install.installed_version(p)] == []
 
 

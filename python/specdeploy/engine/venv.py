@@ -8,6 +8,8 @@ own venv at `/opt/specdeploy/engines/<package>-<version>-<archive sha256[:12]>/`
 names that venv's python. A new archive is a new directory, so the previous engine stays
 untouched beside it and a rollback that restores the previous unit runs the previous engine.
 The venv is marked complete last; one without the mark (an install that died) is rebuilt.
+The archive's requirements.lock is a hash lock (locks/engine-*.txt): pip installs it with
+--require-hashes, so a wheel whose bytes changed since it was locked stops the install.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdeploy.core import atomic
+from specdeploy.core import atomic, envlock
 from specdeploy.core.errors import SpecdeployError, UsageError
 from specdeploy.images import podman as paths
 from specdeploy.weights.fetch import sha256_file
@@ -150,13 +152,20 @@ def install(archive: Path, root: Path, name: str, *, check: bool = False) -> Eng
             )
         steps = [
             [_base_python(), "-m", "venv", str(dest)],
-            [str(dest / "bin" / "pip"), "install", "--quiet", "--no-index", "--no-deps", "--find-links",
-             str(wheels), "--requirement", str(wheels / LOCK_NAME)],
+            [str(dest / "bin" / "pip"), "install", "--quiet", "--require-hashes", "--no-index", "--no-deps",
+             "--find-links", str(wheels), "--requirement", str(wheels / LOCK_NAME)],
         ]  # fmt: skip
         for argv in steps:
             done = subprocess.run(argv, capture_output=True, text=True)
             if done.returncode != 0:
                 shutil.rmtree(dest, ignore_errors=True)
+                if mismatched := envlock.hash_errors(done.stdout + done.stderr):
+                    raise EngineVenvError(
+                        f"engine archive {archive}: the bytes of {', '.join('=='.join(m) for m in mismatched)} differ "
+                        f"from the sha256 its {LOCK_NAME} names; nothing was installed",
+                        hint="copy the archive again from the controller, or rebuild it there with "
+                        "scripts/wheelhouse.sh DIR --engine PACKAGE==VERSION; the running engine is untouched",
+                    )
                 raise EngineVenvError(
                     f"building the engine venv {dest} failed at `{' '.join(argv[:3])}`: "
                     f"{(done.stderr or done.stdout).strip()[-400:]}",

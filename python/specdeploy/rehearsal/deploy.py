@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import layout
+from specdeploy.core import envlock, layout
 from specdeploy.core.cache import cache_dir
 from specdeploy.core.errors import ProgramError, SpecdeployError
 from specdeploy.gate.run import REPORT, new_run_id
@@ -53,7 +53,7 @@ def checkout() -> Path:
     if not (ROOT / "ansible" / "deploy.yml").is_file():
         raise SpecdeployError(
             f"{ROOT} is not a specdeploy checkout (no ansible/deploy.yml)",
-            hint="run the rehearsal deploy from a clone of the repository (pip install -e .)",
+            hint="run the rehearsal deploy from a clone of the repository, in the venv scripts/setup.sh prints",
         )
     return ROOT
 
@@ -80,7 +80,7 @@ def check_controller() -> None:
             raise ProgramError(
                 f"{program} is missing or not executable: the play runs with ansible-core from this Python's "
                 "environment; nothing was built or booted",
-                hint=f"install the dev extra into it ({Path(sys.executable)} -m pip install -e '.[dev]'), "
+                hint="run it from the venv scripts/setup.sh prints (its bin has ansible-core's programs), "
                 "then run this again",
             )
 
@@ -90,7 +90,8 @@ def wheelhouse(*profiles: str) -> Path:
     archive of every profile named that installs its engine from wheels (default: cpu-rehearsal);
     the specdeploy wheel in it is rebuilt from the checkout each time (byte-identical when unchanged)."""
     root = checkout()
-    inputs = (root / "pyproject.toml").read_bytes() + (root / "scripts" / "wheelhouse.sh").read_bytes()
+    locks = sorted((root / envlock.LOCKS).glob("*.txt"))  # a refreshed lock is a new wheelhouse
+    inputs = b"".join(p.read_bytes() for p in [root / "pyproject.toml", root / "scripts" / "wheelhouse.sh", *locks])
     dest = cache_dir() / f"wheelhouse-{hashlib.sha256(inputs).hexdigest()[:12]}"
     env = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
     script = ["bash", str(root / "scripts" / "wheelhouse.sh"), str(dest)]
@@ -113,6 +114,8 @@ def wheelhouse(*profiles: str) -> Path:
             for old in dest.glob("specdeploy-*.whl"):
                 old.unlink()
             shutil.move(built, current)
+        # The host installs the wheel with --require-hashes: its hash is the one of these bytes.
+        envlock.write_wheel_lock(current, dest / "specdeploy.lock")
     return dest
 
 

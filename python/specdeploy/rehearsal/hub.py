@@ -36,13 +36,16 @@ from pathlib import Path
 
 import httpx
 
+from specdeploy.core import envlock
 from specdeploy.core.cache import cache_dir
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import archive, gating, hosts, variants
 from specdeploy.weights.fetch import models_of
 
-OLAH_VERSION = "0.5.4"
+# olah and every dependency as locks/hub-olah.txt pins them (exact versions, each file's sha256).
+OLAH_LOCK = envlock.ENVIRONMENTS["hub-olah"].lock
+OLAH_VERSION = envlock.OLAH.split("==")[1]
 NETWORK = "specdeploy-rehearsal"
 SUBNET = "10.89.64.0/24"
 HUB_IP = "10.89.64.10"
@@ -172,14 +175,37 @@ def olah_config(*, host: str, port: int, repos: str, mirrors: str) -> str:
 
 
 def olah_cli() -> Path:
-    """olah in its own venv in the cache: its pins differ from vLLM's."""
-    venv = cache_dir() / f"olah-{OLAH_VERSION}"
+    """olah in its own venv in the cache (its pins differ from vLLM's), installed from its hash
+    lock and the wheels `olah_wheels` downloaded with it: nothing resolved, every byte checked."""
+    wheels = olah_wheels()
+    venv = cache_dir() / f"olah-{OLAH_VERSION}-{wheels.name.rsplit('-', 1)[-1]}"
     cli = venv / "bin" / "olah-cli"
     if not (venv / ".complete").exists():
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"olah=={OLAH_VERSION}"], check=True)
+        _pip_locked(
+            [str(venv / "bin" / "pip"), "install", "-q", "--require-hashes", "--no-index", "--no-deps",
+             "--find-links", str(wheels), "--requirement", str(wheels / "requirements.lock")],
+            what=f"installing olah {OLAH_VERSION} into {venv}",
+        )  # fmt: skip
         (venv / ".complete").touch()
     return cli
+
+
+def _pip_locked(argv: list[str], *, what: str) -> None:
+    """Run pip on the hub's lock; a HubError naming the step (a hash mismatch names the wheel)."""
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        mismatched = envlock.hash_errors(done.stdout + done.stderr)
+        raise HubError(
+            f"{what} failed: "
+            + (
+                f"the bytes of {', '.join('=='.join(m) for m in mismatched)} differ from {OLAH_LOCK.name}'s sha256"
+                if mismatched
+                else (done.stderr or done.stdout).strip()[-2000:]
+            ),
+            hint="delete the cached wheels (the path above) and run again; if PyPI's files changed deliberately, "
+            "refresh the lock with scripts/lock.sh",
+        )
 
 
 def _free_port() -> int:
@@ -232,23 +258,23 @@ def _podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 def olah_wheels() -> Path:
     """olah and its dependencies as wheels for the image's Python (cp311, bookworm's glibc),
-    downloaded once into the cache: the hub's image is built without network."""
-    wheels = cache_dir() / f"olah-{OLAH_VERSION}-wheels-cp311-{WHEEL_PLATFORMS[0]}"
+    exactly locks/hub-olah.txt's (hashes checked), downloaded once into the cache with that lock
+    beside them as requirements.lock: the hub's image is built without network."""
+    lock_key = envlock.sha256(OLAH_LOCK)[:12]
+    wheels = cache_dir() / f"olah-{OLAH_VERSION}-wheels-cp311-{WHEEL_PLATFORMS[0]}-{lock_key}"
     if (wheels / ".complete").exists():
         return wheels
     tmp = Path(tempfile.mkdtemp(prefix=f".{wheels.name}-", dir=wheels.parent))
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.11",
-             "--implementation", "cp", "--abi", "cp311", *(a for p in WHEEL_PLATFORMS for a in ("--platform", p)),
-             "-d", str(tmp), f"olah=={OLAH_VERSION}"],
-            capture_output=True, text=True,
+        _pip_locked(
+            [sys.executable, "-m", "pip", "download", "-q", "--require-hashes", "--no-deps", "--only-binary=:all:",
+             "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
+             *(a for p in WHEEL_PLATFORMS for a in ("--platform", p)), "-d", str(tmp),
+             "--requirement", str(OLAH_LOCK)],
+            what=f"downloading olah {OLAH_VERSION}'s locked wheels (the hub's image is built from them, once; "
+            "PyPI must be reachable)",
         )  # fmt: skip
-        if done.returncode != 0:
-            raise HubError(
-                f"could not download olah {OLAH_VERSION}'s wheels: {done.stderr.strip()[-2000:]}",
-                hint="the hub's image is built from wheels downloaded from PyPI once; check that PyPI is reachable",
-            )
+        shutil.copyfile(OLAH_LOCK, tmp / "requirements.lock")
         (tmp / ".complete").touch()
         shutil.rmtree(wheels, ignore_errors=True)
         os.rename(tmp, wheels)
@@ -263,7 +289,9 @@ def hub_image() -> str:
     base = hosts.debootstrap_image("bookworm", BASE_PACKAGES, BASE_NAME)
     wheels = olah_wheels()
     names = sorted(p.name for p in wheels.glob("*.whl"))
-    key = hashlib.sha256(json.dumps([base, names]).encode()).hexdigest()[:10]
+    key = hashlib.sha256(json.dumps([base, names, envlock.sha256(wheels / "requirements.lock")]).encode()).hexdigest()[
+        :10
+    ]
     image = f"{IMAGE}:{key}"
     if hosts.image_exists(image):
         return image
@@ -273,8 +301,8 @@ def hub_image() -> str:
         _podman(
             "run", "--name", builder, "--network", "none", *hosts.RUN_FLAGS, "-v", f"{wheels}:/wheels:ro", base,
             "sh", "-c",
-            "python3 -m venv /opt/olah && "
-            f"/opt/olah/bin/pip install -q --no-index --find-links /wheels olah=={OLAH_VERSION}",
+            "python3 -m venv /opt/olah && /opt/olah/bin/pip install -q --require-hashes --no-index --no-deps "
+            "--find-links /wheels --requirement /wheels/requirements.lock",
         )  # fmt: skip
         _podman("commit", "-q", builder, image)
     finally:
