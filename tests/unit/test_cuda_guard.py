@@ -27,7 +27,9 @@ def _compile_extension(directory: Path, cuda_major: int) -> Path:
     build = directory.parent / f"build-cu{cuda_major}"
     build.mkdir(exist_ok=True)
     (build / "cudart.c").write_text("int cudaRuntimeGetVersion(int *v) { *v = 0; return 0; }\n")
-    (build / "ext.c").write_text("int cudaRuntimeGetVersion(int *v);\nint probe(void) { int v; return cudaRuntimeGetVersion(&v); }\n")
+    (build / "ext.c").write_text(
+        "int cudaRuntimeGetVersion(int *v);\nint probe(void) { int v; return cudaRuntimeGetVersion(&v); }\n"
+    )
     soname = f"libcudart.so.{cuda_major}"
     subprocess.run(
         [GCC, "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(build / soname), str(build / "cudart.c")],
@@ -65,10 +67,6 @@ def test_the_elf_reader_names_the_cuda_runtime_a_real_linked_extension_needs(tmp
     extension = _compile_extension(tmp_path / "vllm", 12)
     needed = guards.elf_needed(extension)
     assert "libcudart.so.12" in needed and "libc.so.6" in needed
-    readelf = shutil.which("readelf")
-    if readelf:  # binutils, when present, reads the same entries
-        shown = subprocess.run([readelf, "-d", str(extension)], capture_output=True, text=True).stdout
-        assert "[libcudart.so.12]" in shown
 
 
 @needs_gcc

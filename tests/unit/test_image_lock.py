@@ -19,10 +19,11 @@ from specdeploy.images import build as images
 from specdeploy.images import ensure
 from specdeploy.images import lock as image_lock
 from specdeploy.profile import Profile, load_profile
-from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import variants
 
-UV = shutil.which("uv") or (str(Path(sys.executable).parent / "uv") if (Path(sys.executable).parent / "uv").exists() else None)
+UV = shutil.which("uv") or (
+    str(Path(sys.executable).parent / "uv") if (Path(sys.executable).parent / "uv").exists() else None
+)
 needs_uv = pytest.mark.skipif(UV is None, reason="uv is not installed (dev extra): the lock cannot be produced")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,13 +84,17 @@ def test_an_unreachable_index_fails_clearly_and_the_lock_stays_unresolved(
 
 
 @needs_uv
-def test_image_lock_writes_hashed_exact_pins_with_torch_from_the_cuda_index(tmp_path: Path, cli: Any, monkeypatch: Any) -> None:
+def test_image_lock_writes_hashed_exact_pins_with_torch_from_the_cuda_index(
+    tmp_path: Path, cli: Any, monkeypatch: Any
+) -> None:
     """Local indexes: the CUDA one serves torch 2.11.0+cu129, the other torch 2.11.0 (PyPI's CUDA 13
     build in real life) and the rest; the lock must take torch from the CUDA index, every line
     exact and hashed, and the file must be what `image build` then accepts once pinned."""
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     wheels = tmp_path / "wheels"
-    cuda_index = _simple_index(tmp_path / "idx" / "cu129", [_wheel(wheels / "cu", "torch", "2.11.0+cu129", ["filelock"])])
+    cuda_index = _simple_index(
+        tmp_path / "idx" / "cu129", [_wheel(wheels / "cu", "torch", "2.11.0+cu129", ["filelock"])]
+    )
     pypi = _simple_index(
         tmp_path / "idx" / "pypi",
         [_wheel(wheels / "py", "torch", "2.11.0", ["filelock"]), _wheel(wheels / "py", "filelock", "3.20.0")],
@@ -157,10 +162,14 @@ def test_profile_refuses_a_torch_index_or_lock_name_of_another_cuda() -> None:
 
     with pytest.raises(ProfileError, match="lock.torch_index: expected the index serving torch for CUDA 12.9"):
         variants.derive(
-            load_profile("a6000-dflash"), "x", {"engine": {"image": {"lock": {"torch_index": "https://download.pytorch.org/whl/cu130"}}}}
+            load_profile("a6000-dflash"),
+            "x",
+            {"engine": {"image": {"lock": {"torch_index": "https://download.pytorch.org/whl/cu130"}}}},
         )
     with pytest.raises(ProfileError, match="lock.file: expected a name ending -cu129.txt"):
-        variants.derive(load_profile("a6000-dflash"), "x", {"engine": {"image": {"lock": {"file": "locks/images/x-cu130.txt"}}}})
+        variants.derive(
+            load_profile("a6000-dflash"), "x", {"engine": {"image": {"lock": {"file": "locks/images/x-cu130.txt"}}}}
+        )
 
 
 def _labels(profile: Profile, **extra: str) -> dict[str, str]:
@@ -174,7 +183,9 @@ def test_image_check_refuses_an_unlocked_image_and_a_lock_label_other_than_the_p
     assert rows[images.LOCK_LABEL].expected.startswith("(unresolved in the profile")
     digest = "sha256:" + "a" * 64
     pinned = variants.derive(
-        profile, "a6000-dflash-pinned", {"engine": {"image": {"lock": {"value": digest, "provenance": "verified", "source": "x y"}}}}
+        profile,
+        "a6000-dflash-pinned",
+        {"engine": {"image": {"lock": {"value": digest, "provenance": "verified", "source": "x y"}}}},
     )
     good = ensure.cuda_lock_rows(pinned, _labels(pinned, **{images.LOCK_LABEL: digest}))
     assert all(r.ok for r in good)
@@ -201,7 +212,7 @@ def test_image_check_compares_the_lock_inside_the_image_with_the_profiles(tmp_pa
 def test_image_freeze_writes_the_upstream_images_pip_freeze_under_a_reference_only_header(tmp_path: Path) -> None:
     podman = tmp_path / "podman"
     podman.write_text(
-        "#!/bin/sh\ncase \"$*\" in\n"
+        '#!/bin/sh\ncase "$*" in\n'
         "  *'pip freeze'*) printf 'torch==2.11.0+cu129\\nvllm==0.29.0+cu129\\n' ;;\n"
         "  *'{{.Digest}}'*) echo sha256:" + "e" * 64 + " ;;\n"
         "  *) exit 3 ;;\nesac\n"
@@ -217,3 +228,29 @@ def test_the_locked_profiles_lock_lives_under_locks_images_unresolved_and_not_in
     lock = load_profile("a6000-dflash").engine.image.lock  # type: ignore[union-attr]
     assert lock is not None and not lock.resolved and "download.pytorch.org/whl/cu129" in lock.source
     assert not (ROOT / lock.file).exists(), "a GPU image lock cannot be produced here: it must not exist"
+
+
+def test_gpu_runtime_gets_exact_package_versions_and_refuses_what_the_profile_leaves_unpinned() -> None:
+    """`specdeploy facts` hands gpu_runtime `name=version` for each pinned package and each unpinned
+    one's source (the role asserts there is none), and the check image by digest or nothing."""
+    from specdeploy.profile.facts import host_pins
+
+    pins = host_pins(load_profile("a6000-dflash"))
+    assert pins["pinned"] == {"podman": "podman=5.4.2+ds1-2+b2"}
+    assert set(pins["unresolved"]) == {
+        "catatonit",
+        "nvidia-container-toolkit",
+        "nvidia-container-toolkit-base",
+        "libnvidia-container-tools",
+        "libnvidia-container1",
+    }
+    assert pins["check_image"] is None and "busybox:1.37" in pins["check_image_source"]
+    digest = "sha256:" + "f" * 64
+    pinned = variants.derive(
+        load_profile("a6000-dflash"),
+        "a6000-dflash-host",
+        {"host": {"check_image": {"digest": {"value": digest, "provenance": "verified", "source": "podman pull"}}}},
+    )
+    assert host_pins(pinned)["check_image"] == f"docker.io/library/busybox@{digest}"
+    tasks = (ROOT / "ansible" / "roles" / "gpu_runtime" / "tasks" / "main.yml").read_text()
+    assert "gpu_runtime_check_image" not in tasks and "specdeploy_facts.host.check_image" in tasks

@@ -179,7 +179,9 @@ def test_preflight_refuses_an_image_whose_cuda_the_recorded_driver_cannot_run(tm
     options = preflight.Options(nvidia_smi=smi, podman=podman, image="localhost/specdeploy/vllm-pr40898:x")
     driver = next(c for c in preflight.gpu_checks(load_profile("a6000-dflash"), options) if c.name == "driver")
     assert driver.level == "fail" and "CUDA 11.7" in driver.found
-    assert "CUDA 13.0 (label io.specdeploy.cuda of localhost/specdeploy/vllm-pr40898:x): driver R580+" == driver.expected
+    assert (
+        driver.expected == "CUDA 13.0 (label io.specdeploy.cuda of localhost/specdeploy/vllm-pr40898:x): driver R580+"
+    )
     assert driver.fix.startswith("upgrade the NVIDIA driver to R580+") and "use the profile's cu129 image" in driver.fix
 
 

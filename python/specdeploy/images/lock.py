@@ -109,7 +109,9 @@ def parse(text: str, origin: str) -> list[Locked]:
             )
         found.append(Locked(match.group(1).lower(), match.group(3), hashes))
     if not found:
-        raise ImageLockError(f"{origin}: the lock holds no requirement", hint="regenerate it with `specdeploy image lock`")
+        raise ImageLockError(
+            f"{origin}: the lock holds no requirement", hint="regenerate it with `specdeploy image lock`"
+        )
     return found
 
 
@@ -227,9 +229,9 @@ def produce(
     lock = spec(profile)
     for extra in inputs or []:
         if not Path(extra).is_file():
+            found = "a directory" if Path(extra).is_dir() else "nothing"
             raise ImageLockError(
-                f"--input {extra}: expected a requirements file, found {'a directory' if Path(extra).is_dir() else 'nothing'}"
-                "; nothing was locked",
+                f"--input {extra}: expected a requirements file, found {found}; nothing was locked",
                 hint="pass e.g. <vLLM checkout at the pinned commit>/requirements/cuda.txt",
             )
     program = find_uv(uv)
@@ -250,7 +252,9 @@ def produce(
                 hint=f"check that {lock.torch_index} and {lock.index} answer from this machine",
             ) from None
         except OSError as exc:
-            raise ProgramError(f"{program}: cannot run it: {exc.strerror or exc}; nothing was locked", hint=UV_HINT) from None
+            raise ProgramError(
+                f"{program}: cannot run it: {exc.strerror or exc}; nothing was locked", hint=UV_HINT
+            ) from None
         if done.returncode != 0:
             detail = " ".join(done.stderr.split())[-600:]
             if _UNREACHABLE.search(done.stderr):

@@ -138,6 +138,16 @@ class BaseImage(_Strict):
     digest: DigestPin
 
 
+def cuda_version(image_name: str) -> str | None:
+    """The CUDA `major.minor` an image name declares (`cuda:12.9.1-...` -> 12.9, `...-cu129` -> 12.9),
+    the value torch.version.cuda reports for a torch built for it; None when the name says nothing."""
+    match = re.search(r"cuda:(\d+)\.(\d+)|-cu(\d{2})(\d)\b", image_name)
+    if not match:
+        return None
+    major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+    return f"{int(major)}.{int(minor)}"
+
+
 _LOCK_FILE_RE = re.compile(r"^locks/images/[a-z0-9][a-z0-9.-]*-cu[0-9]{3}\.txt$")
 _CU_RE = re.compile(r"/cu([0-9]{2})([0-9])/?$")
 
@@ -157,7 +167,9 @@ class ImageLock(Pin):
     index: str = Field("https://pypi.org/simple", description="the index everything else comes from")
     python: str = Field(pattern=r"^3\.[0-9]{1,2}$", description="the image's Python (major.minor)")
     platform: str = Field(min_length=3, description="uv's --python-platform for the image, e.g. x86_64-manylinux_2_35")
-    requires: list[str] = Field(min_length=1, description="what is locked: requirement specifiers (uv resolves the rest)")
+    requires: list[str] = Field(
+        min_length=1, description="what is locked: requirement specifiers (uv resolves the rest)"
+    )
 
     @field_validator("value")
     @classmethod
@@ -202,8 +214,6 @@ class ImageSpec(_Strict):
         The base image's CUDA is what the image really runs on (its toolkit and libraries); a
         separate field could disagree with it, so the torch index and the lock's file name are
         checked against this instead of stated beside it."""
-        from specdeploy.host.cuda import cuda_version
-
         return cuda_version(self.base.name)
 
     @model_validator(mode="after")
