@@ -72,7 +72,9 @@ def deploy_facts(
         # the engine's wheel archive from the wheelhouse when the image installs it from there
         "image": (
             {
-                "context_files": [image.containerfile, layout.GUARDS_IN_CONTEXT, layout.LAUNCHER_IN_CONTEXT],
+                # a pinned image lock too: the build bind-mounts locks/images/ (unresolved: the build refuses)
+                "context_files": [image.containerfile, layout.GUARDS_IN_CONTEXT, layout.LAUNCHER_IN_CONTEXT]
+                + ([image.lock.file] if image.lock is not None and image.lock.resolved else []),
                 "engine_wheels": (
                     {"archive": f"{engine_name}.tar", "in_context": layout.ENGINE_WHEELS_IN_CONTEXT}
                     if image.engine_wheels
