@@ -17,6 +17,8 @@ command -v git >/dev/null || need+=(git)
 command -v git-lfs >/dev/null || need+=(git-lfs)
 command -v ssh >/dev/null || need+=(openssh-client)
 command -v flock >/dev/null || need+=(util-linux)
+# gcc: the CUDA guard's tests link real ELF objects (a stub libcudart.so.N and an extension needing it).
+command -v gcc >/dev/null || need+=(gcc)
 # python3 builds the venv (scripts/setup.sh); `python3 -m venv` needs ensurepip: Debian's python3-venv.
 command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)

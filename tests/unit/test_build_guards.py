@@ -177,7 +177,17 @@ def test_cuda_must_fit_the_host_driver(tmp_path: Path) -> None:
     cuda13 = variants.derive(
         profile,
         "a6000-dflash-cu13",
-        {"engine": {"image": {"base": {"name": "docker.io/nvidia/cuda:13.0.2-devel-ubuntu24.04"}}}},
+        {
+            "engine": {
+                "image": {
+                    "base": {"name": "docker.io/nvidia/cuda:13.0.2-devel-ubuntu24.04"},
+                    "lock": {
+                        "file": "locks/images/a6000-dflash-cu130.txt",
+                        "torch_index": "https://download.pytorch.org/whl/cu130",
+                    },
+                }
+            }
+        },
     )
     with pytest.raises(images.ImageError, match="CUDA 13, which needs driver R580"):
         images.check_driver(cuda13, "570.86.15")

@@ -160,3 +160,54 @@ def test_the_recorded_r580_host_reads_nv18_and_compute_capability_9_from_the_dri
     rows = [c for c in preflight.gpu_checks(load_profile("a6000-mtp"), preflight.Options(nvidia_smi=old))]
     capability = next(c for c in rows if c.name == "compute capability")
     assert "compute capability 8.6 (by product name)" in capability.found
+
+
+def _podman_with_labels(tmp_path: Path, labels: str) -> str:
+    """A stand-in podman answering `image inspect --format '{{json .Labels}}'` with `labels`."""
+    fake = tmp_path / "podman-labels"
+    fake.write_text(f"#!/bin/sh\ncat <<'JSON'\n{labels}\nJSON\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_preflight_refuses_an_image_whose_cuda_the_recorded_driver_cannot_run(tmp_path: Path) -> None:
+    """Recorded real outputs (tests/data/nvidia-smi): the A6000 host on driver 515.65.01 reports
+    "CUDA Version: 11.7"; the image labelled io.specdeploy.cuda=13.0 needs R580, and the fix names
+    the driver and the profile's cu129 image."""
+    smi = _stand_in(tmp_path, "a6000-x4-r515", topo="pair-phb.txt")
+    podman = _podman_with_labels(tmp_path, '{"io.specdeploy.cuda": "13.0"}')
+    options = preflight.Options(nvidia_smi=smi, podman=podman, image="localhost/specdeploy/vllm-pr40898:x")
+    driver = next(c for c in preflight.gpu_checks(load_profile("a6000-dflash"), options) if c.name == "driver")
+    assert driver.level == "fail" and "CUDA 11.7" in driver.found
+    assert (
+        driver.expected == "CUDA 13.0 (label io.specdeploy.cuda of localhost/specdeploy/vllm-pr40898:x): driver R580+"
+    )
+    assert driver.fix.startswith("upgrade the NVIDIA driver to R580+") and "use the profile's cu129 image" in driver.fix
+
+
+def test_the_recorded_r580_host_runs_a_cuda_13_image_and_the_profiles_cuda_129(tmp_path: Path) -> None:
+    """Recorded on a real 2x H200 host, driver 580.159.04, "CUDA Version: 13.0"."""
+    smi = _stand_in(tmp_path, "h200-x2-r580")
+    podman = _podman_with_labels(tmp_path, '{"io.specdeploy.cuda": "13.0", "io.specdeploy.profile": "a6000-mtp"}')
+    labelled = preflight.Options(nvidia_smi=smi, podman=podman, image="img")
+    checks = {c.name: c for c in preflight.gpu_checks(load_profile("a6000-mtp"), labelled)}
+    assert checks["driver"].level == "ok" and "CUDA 13.0 (label" in checks["driver"].expected
+    plain = {c.name: c for c in preflight.gpu_checks(load_profile("a6000-mtp"), preflight.Options(nvidia_smi=smi))}
+    assert plain["driver"].level == "ok" and plain["driver"].expected.startswith("CUDA 12.9 (the profile's base")
+
+
+def test_an_image_absent_from_the_host_is_judged_by_the_profiles_cuda(tmp_path: Path) -> None:
+    smi = _stand_in(tmp_path, "a6000-x1-r515")
+    absent = tmp_path / "podman-absent"
+    absent.write_text("#!/bin/sh\necho 'Error: no such image' >&2\nexit 125\n")
+    absent.chmod(0o755)
+    options = preflight.Options(nvidia_smi=smi, podman=str(absent), image="not-here")
+    driver = next(c for c in preflight.gpu_checks(load_profile("a6000-dflash"), options) if c.name == "driver")
+    assert driver.level == "fail" and "not-here not on this host" in driver.expected and "CUDA 12.9" in driver.expected
+    assert driver.fix.startswith("upgrade the NVIDIA driver to R535+")
+
+
+def test_a_newer_minor_than_the_driver_reports_is_a_warning_naming_minor_version_compatibility() -> None:
+    inventory = gpus.GpuInventory("550.127.05", "12.4", 2, [])
+    check = preflight._driver_check(load_profile("a6000-dflash"), inventory)
+    assert check.level == "warn" and "minor version compatibility" in check.fix

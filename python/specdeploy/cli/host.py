@@ -50,6 +50,13 @@ def preflight(
         bool, typer.Option("--token-stdin", help="read the HF token from standard input (how Ansible passes it)")
     ] = False,
     timeout: TimeoutOpt = command.DEFAULT_TIMEOUT_S,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            help="the engine image to run: its io.specdeploy.cuda label is compared with the driver "
+            "(default: the profile's CUDA variant)"
+        ),
+    ] = None,
 ) -> None:
     """Check the host can run the profile: GPUs, compute capability, driver, NVLink, disk,
     podman, port, hub token. Exit 0 when nothing fails (warnings allowed), 1 otherwise; 2 for
@@ -69,6 +76,7 @@ def preflight(
         token_present=token,
         models_dir=base.host_layout(models_dir).models,
         timeout_s=_timeout(timeout),
+        image=image,
     )
     report = checks.run(p, options)
 

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from specdeploy.cli import base, output
 from specdeploy.images import build, ensure, manifest, push
+from specdeploy.images import lock as image_lock
 from specdeploy.profile import load_profile
 
 image_app = base.group("Build and check engine images from the profile's pins.")
@@ -32,11 +33,20 @@ def image_build(
     driver: DriverOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the podman command, build nothing")] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="run every step again, as a fresh builder")] = False,
+    unlocked: Annotated[
+        bool,
+        typer.Option(
+            "--unlocked",
+            help="build without the image lock (dependencies resolved at build time); the image is labelled "
+            "io.specdeploy.lock.sha256=unlocked and `image check` refuses it",
+        ),
+    ] = False,
 ) -> None:
     """Build the profile's image with every build arg taken from the profile.
 
-    Refuses a known-bad version or commit with the reason; resolves the base image digest
-    and the PR merge-base on first use and records them in the lock.
+    Refuses a known-bad version or commit with the reason, and (exit 2) an image lock that is
+    unresolved, missing or not the file the profile pins; resolves the base image digest and
+    the PR merge-base on first use and records them in the lock.
     """
     result = build.build(
         load_profile(profile),
@@ -46,6 +56,7 @@ def image_build(
         dry_run=dry_run,
         driver_version=driver,
         no_cache=no_cache,
+        unlocked=unlocked,
     )
     if dry_run:
         output.out.print(shlex.join(result.argv), highlight=False)
@@ -216,6 +227,61 @@ def image_manifest(
     }
     output.emit(summary, as_json, table)
     raise typer.Exit(1 if differences else 0)
+
+
+@image_app.command("lock")
+def image_lock_command(
+    profile: base.ProfileOpt,
+    context: Annotated[Path, typer.Option(help="the checkout the lock is written into (locks/images/)")] = Path("."),
+    inputs: Annotated[
+        list[Path] | None,
+        typer.Option("--input", help="a requirements file locked too, e.g. vLLM's requirements/cuda.txt at the pin"),
+    ] = None,
+    uv: Annotated[str | None, typer.Option(help="uv executable (default: uv on PATH or beside this Python)")] = None,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Produce or refresh the profile's image lock with uv: exact versions and sha256 for the image's
+    Python and platform, torch from the index serving the profile's CUDA.
+
+    Exit 0 with the lock written (then pin its sha256 in the profile); 2 when an index cannot be
+    reached (the lock stays unresolved) or the profile has no image lock.
+    """
+    p = load_profile(profile)
+    produced = image_lock.produce(p, context=context, uv=uv, inputs=list(inputs or []))
+    lock = image_lock.spec(p)
+    changed = produced.previous != produced.sha256
+    data = {
+        "profile": p.name,
+        "lock": str(produced.path),
+        "sha256": produced.sha256,
+        "previous": produced.previous,
+        "changed": changed,
+        "requirements": produced.requirements,
+        "pinned": lock.resolved and image_lock.normalized(str(lock.value)) == produced.sha256,
+    }
+
+    def show() -> None:
+        output.out.print(f"[green]wrote {produced.path}[/] ({produced.requirements} requirements, {produced.sha256})")
+        if not data["pinned"]:
+            output.fix(
+                f"review the lock, commit it and pin it in the profile's engine.image.lock: value: {produced.sha256}, "
+                "provenance: verified, source: `specdeploy image lock` and the indexes it names"
+            )
+
+    output.emit(data, as_json, show)
+
+
+@image_app.command("freeze")
+def image_freeze(
+    image: Annotated[str, typer.Argument(help="image reference or ID (e.g. an upstream base by digest)")],
+    out: Annotated[Path, typer.Option("--output", help="where the reference-only pip freeze is written")],
+    podman: base.PodmanOpt = "podman",
+) -> None:
+    """Record `pip freeze` from inside an image, for reference only (upstream images such as the
+    stock vLLM and SGLang bases are locked by their digest, not by this list): what changed
+    between two upstream digests can be diffed. Nothing installs from it."""
+    written = ensure.freeze(image, out, podman=podman)
+    output.out.print(f"[green]wrote {written}[/] (reference only: the image is locked by its digest)")
 
 
 def register(app: typer.Typer) -> None:

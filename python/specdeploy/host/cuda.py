@@ -7,20 +7,12 @@ table is NVIDIA's minimum driver branch per CUDA major version (docs/sources.md#
 
 from __future__ import annotations
 
-import re
+from specdeploy.profile.schema import cuda_version  # the one rule, kept with the profile it reads
+
+__all__ = ["MIN_DRIVER_FOR_CUDA", "cuda_major", "cuda_version", "min_driver_branch"]
 
 # CUDA major version -> the oldest driver branch that runs it
 MIN_DRIVER_FOR_CUDA = {12: 535, 13: 580}
-
-
-def cuda_version(base_image: str) -> str | None:
-    """The CUDA `major.minor` an image name declares (`cuda:12.9.1-...` -> 12.9, `...-cu129` -> 12.9),
-    the value torch.version.cuda reports for a torch built for it; None when the name says nothing."""
-    match = re.search(r"cuda:(\d+)\.(\d+)|-cu(\d{2})(\d)\b", base_image)
-    if not match:
-        return None
-    major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
-    return f"{int(major)}.{int(minor)}"
 
 
 def cuda_major(base_image: str) -> int | None:

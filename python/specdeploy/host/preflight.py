@@ -16,6 +16,7 @@ import contextlib
 import os
 import pwd
 import re
+import shlex
 import shutil
 import socket
 import stat
@@ -71,6 +72,7 @@ class Options:
     token_present: bool = False
     models_dir: Path = layout.HostLayout().models
     timeout_s: float = command.DEFAULT_TIMEOUT_S  # for each program a check runs
+    image: str | None = None  # the image to run: its io.specdeploy.cuda label decides, when present
 
 
 # --------------------------------------------------------------------------- GPU checks
@@ -100,7 +102,7 @@ def gpu_checks(profile: Profile, options: Options) -> list[Check]:
         gpus.with_capabilities(inventory, gpus.parse_capabilities(reported))
     names = ", ".join(sorted({g.name for g in inventory.gpus})) or "names not shown"
     checks = [_count_check(inventory, tp, names), *_capability_checks(profile, inventory)]
-    checks.append(_driver_check(profile, inventory))
+    checks.append(_driver_check(profile, inventory, options))
     checks.append(_nvlink_check(profile, options, tp, inventory.attached))
     return checks
 
@@ -141,24 +143,79 @@ def _capability_checks(profile: Profile, inventory: gpus.GpuInventory) -> list[C
     return checks or [Check("compute capability", Level.warn, "no GPU block in nvidia-smi -q", expected)]
 
 
-def _driver_check(profile: Profile, inventory: gpus.GpuInventory) -> Check:
+def image_cuda(profile: Profile, options: Options) -> tuple[str | None, str]:
+    """The CUDA the image to run is built for, and where that was read: the image's
+    io.specdeploy.cuda label when `--image` names an image present on this host, else the
+    profile's variant (its base image's CUDA)."""
     base = profile.engine.image.base.name if profile.engine.image else ""
-    major = cuda.cuda_major(base)
-    needed = cuda.min_driver_branch(base)
+    profile_cuda = cuda.cuda_version(base)
+    if options.image:
+        try:
+            done = command.run(
+                [*shlex.split(options.podman), "image", "inspect", "--format", "{{json .Labels}}", options.image],
+                timeout=options.timeout_s,
+            )
+        except command.ProgramRunError:
+            done = None
+        if done is not None and done.returncode == 0:
+            label = re.search(r'"io\.specdeploy\.cuda"\s*:\s*"([0-9]+\.[0-9]+)"', done.stdout)
+            if label:
+                return label.group(1), f"label io.specdeploy.cuda of {options.image}"
+            return profile_cuda, f"{options.image} has no io.specdeploy.cuda label: the profile's base {base}"
+        return profile_cuda, f"{options.image} not on this host: the profile's base {base}"
+    return profile_cuda, f"the profile's base {base}"
+
+
+def _cuda_tuple(version: str | None) -> tuple[int, int] | None:
+    match = re.match(r"^(\d+)\.(\d+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _driver_check(profile: Profile, inventory: gpus.GpuInventory, options: Options | None = None) -> Check:
+    """The image's CUDA against the highest CUDA the driver supports: nvidia-smi's "CUDA Version"
+    and NVIDIA's minimum driver branch per CUDA major (host.cuda). Another major is refused (an
+    image of a newer major does not start); a newer minor of the same major is a warning (minor
+    version compatibility runs it, but not PTX JIT, and the CUDA base images' NVIDIA_REQUIRE_CUDA
+    check refuses it unless disabled)."""
+    wanted, source = image_cuda(profile, options or Options())
     found = f"driver {inventory.driver_version} (CUDA {inventory.cuda_version or 'unknown'})"
-    if needed is None:
-        return Check("driver", Level.warn, found, f"a driver for {base or 'the image'}", "image CUDA version unknown")
-    expected = f"R{needed}+ for CUDA {major} ({base})"
-    if inventory.driver_branch >= needed:
-        return Check("driver", Level.ok, found, expected)
-    return Check(
-        "driver",
-        Level.fail,
-        found,
-        expected,
-        f"upgrade the NVIDIA driver to R{needed} or newer "
-        f"(the image's CUDA {major} cannot start on R{inventory.driver_branch})",
+    image, host = _cuda_tuple(wanted), _cuda_tuple(inventory.cuda_version)
+    if image is None:
+        return Check("driver", Level.warn, found, f"a driver for {source}", "image CUDA version unknown")
+    needed = cuda.MIN_DRIVER_FOR_CUDA.get(image[0])
+    expected = f"CUDA {wanted} ({source}): driver R{needed}+" if needed else f"CUDA {wanted} ({source})"
+    profile_cuda = profile.engine.image.cuda if profile.engine.image else None
+    other = (
+        f", or use the profile's cu{profile_cuda.replace('.', '')} image"
+        if profile_cuda and _cuda_tuple(profile_cuda) != image
+        else ""
     )
+    older = (
+        f", or an image built for CUDA {host[0]}.x (e.g. the cu129 variant on R535-R575)"
+        if host and host[0] >= 12 and not other
+        else ""
+    )
+    too_old_branch = needed is not None and inventory.driver_branch < needed
+    if too_old_branch or (host is not None and host[0] < image[0]):
+        return Check(
+            "driver",
+            Level.fail,
+            found,
+            expected,
+            f"upgrade the NVIDIA driver to R{needed or '?'}+ (the image's CUDA {wanted} cannot start on "
+            f"R{inventory.driver_branch}){other}{older}",
+        )
+    if host is not None and host < image:
+        return Check(
+            "driver",
+            Level.warn,
+            found,
+            expected,
+            f"the driver supports CUDA {inventory.cuda_version}, the image is {wanted}: CUDA minor version "
+            "compatibility runs it (no PTX JIT); the CUDA base images' NVIDIA_REQUIRE_CUDA check may refuse to start "
+            f"it — upgrade the driver to one reporting CUDA {wanted}+{other}",
+        )
+    return Check("driver", Level.ok, found, expected)
 
 
 def _nvlink_check(profile: Profile, options: Options, tp: int, attached: int) -> Check:

@@ -21,6 +21,7 @@ from pathlib import Path
 from specdeploy.core import files
 from specdeploy.core.errors import ProgramError, SpecdeployError, UsageError
 from specdeploy.host import cuda
+from specdeploy.images import lock as image_lock
 from specdeploy.images import podman as podman_exe
 from specdeploy.profile import Profile
 from specdeploy.profile.lock import Lock, require
@@ -206,7 +207,26 @@ def label_args(profile: Profile, base_digest: str) -> dict[str, str]:
     }
 
 
-def build_args(profile: Profile, *, base_digest: str, merge_base: str | None) -> dict[str, str]:
+# GPU images (issue 21): the CUDA variant (from the base image's name) and the image lock's sha256
+CUDA_LABEL = "io.specdeploy.cuda"
+LOCK_LABEL = "io.specdeploy.lock.sha256"
+
+
+def lock_args(profile: Profile, lock_sha256: str | None = None) -> dict[str, str]:
+    """The image lock's build args (images built from source): its path in the build context, its
+    sha256 (or `unlocked`), the torch index an unlocked build falls back to."""
+    image = profile.engine.image
+    if image is None or image.lock is None:
+        return {}
+    lock = image.lock
+    if lock_sha256 is None:
+        lock_sha256 = image_lock.normalized(str(lock.value)) if lock.resolved else "<unresolved>"
+    return {"IMAGE_LOCK": lock.file, "IMAGE_LOCK_SHA256": lock_sha256, "TORCH_INDEX": lock.torch_index}
+
+
+def build_args(
+    profile: Profile, *, base_digest: str, merge_base: str | None, lock_sha256: str | None = None
+) -> dict[str, str]:
     """Every build arg for the profile's Containerfile, all from the profile (and lock)."""
     require_image(profile)
     image = profile.engine.image
@@ -226,6 +246,11 @@ def build_args(profile: Profile, *, base_digest: str, merge_base: str | None) ->
             "VLLM_REF": source.git_ref,
             "VLLM_COMMIT": str(source.commit.value),
             "VLLM_MERGE_BASE_COMMIT": merge_base or "",
+            # the CUDA the image's torch and the precompiled vLLM binaries must be built for (the guard
+            # and the io.specdeploy.cuda label); the binaries' variant follows it (cu129), never vLLM's default
+            "TORCH_CUDA": image.cuda or "",
+            "VLLM_PRECOMPILED_WHEEL_VARIANT": "cu" + (image.cuda or "").replace(".", ""),
+            **lock_args(profile, lock_sha256),
         }
     else:  # a released engine in its official image: the guard checks what is installed
         prefix = profile.engine.kind.upper()
@@ -339,9 +364,11 @@ def build(
     dry_run: bool = False,
     driver_version: str | None = None,
     no_cache: bool = False,
+    unlocked: bool = False,
 ) -> BuildResult:
-    """Refuse known-bad pins, resolve what the lock lacks, then run podman build (`no_cache`:
-    every step runs again, as on a fresh builder)."""
+    """Refuse known-bad pins and an unresolved image lock (unless `unlocked`: the image is then
+    labelled so), resolve what the lock lacks, then run podman build (`no_cache`: every step runs
+    again, as on a fresh builder)."""
     if reason := known_bad_reason(profile):
         raise ImageError(f"profile {profile.name}: refusing to build: {reason}")
     require_image(profile)
@@ -351,19 +378,15 @@ def build(
         podman_exe.require(podman)
     require_context(profile, context)
     require_no_pipes(Path(context) / profile.engine.image.containerfile)  # type: ignore[union-attr]
+    lock_sha256 = _image_lock(profile, context, unlocked)
     if dry_run:
         base_digest = require(profile, "engine.image.base.digest", lock) if _resolved(profile, lock) else "<unresolved>"
         merge_base = _merge_base_if_any(profile, lock, resolve=False)
     else:
         base_digest = resolve_base_digest(profile, lock, podman)
         merge_base = _merge_base_if_any(profile, lock, resolve=True)
-    argv = build_argv(
-        profile,
-        build_args(profile, base_digest=base_digest, merge_base=merge_base),
-        context=context,
-        podman=podman,
-        no_cache=no_cache,
-    )
+    args = build_args(profile, base_digest=base_digest, merge_base=merge_base, lock_sha256=lock_sha256)
+    argv = build_argv(profile, args, context=context, podman=podman, no_cache=no_cache)
     if dry_run:
         return BuildResult(image_tag(profile), None, argv)
     # podman's build log goes to stderr: stdout is the command's result (`image ensure` prints the
@@ -380,6 +403,24 @@ def build(
     image_id = local_id(image_tag(profile), podman)
     record_image_id(lock, profile, image_id, by="image build")
     return BuildResult(image_tag(profile), image_id, argv)
+
+
+def _image_lock(profile: Profile, context: Path, unlocked: bool) -> str | None:
+    """The image lock's sha256 for the build (`unlocked` with --unlocked), or None when the image
+    installs no lock (an upstream image, locked by its digest)."""
+    image = profile.engine.image
+    assert image is not None
+    if image.lock is None:
+        if unlocked:
+            raise UsageError(
+                f"--unlocked: profile {profile.name} installs no image lock (it builds on the upstream image "
+                f"{image.base.name}, locked by its digest); nothing was built",
+                hint="leave --unlocked out",
+            )
+        return None
+    if unlocked:
+        return image_lock.UNLOCKED
+    return image_lock.require(profile, context)[1]
 
 
 def _resolved(profile: Profile, lock: Lock) -> bool:

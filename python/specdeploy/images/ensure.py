@@ -14,14 +14,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdeploy.core import files
+from specdeploy.core import atomic, files
 from specdeploy.core.errors import ProgramError, UsageError
 from specdeploy.core.layout import GUARDS_IN_IMAGE
 from specdeploy.core.references import in_registry
 from specdeploy.host import cuda
 from specdeploy.images import build
+from specdeploy.images import lock as image_lock
 from specdeploy.images import podman as podman_exe
 from specdeploy.images.build import LABEL_ARGS, ImageError, image_tag, label_args, podman_run, require_image
+from specdeploy.images.guards import IMAGE_LOCK as IMAGE_LOCK_IN_IMAGE
 from specdeploy.images.guards import same_release
 from specdeploy.profile import Profile
 from specdeploy.profile.lock import Lock, require
@@ -81,7 +83,34 @@ def inside_rows(image: str, profile: Profile, podman: str) -> list[LabelCheck]:
         rows.append(
             LabelCheck("inside: torch CUDA", wanted, found.get("torch_cuda"), found.get("torch_cuda") == wanted)
         )
+    lock = profile.engine.image.lock
+    if lock is not None:  # the lock the image was installed from, hashed inside it
+        inside = found.get("image_lock_sha256")
+        inside = image_lock.normalized(inside) if inside else None
+        expected = image_lock.normalized(str(lock.value)) if lock.resolved else f"(unresolved: {lock.file})"
+        rows.append(LabelCheck(f"inside: {IMAGE_LOCK_IN_IMAGE} sha256", expected, inside, inside == expected))
     return rows
+
+
+REFERENCE_ONLY = (
+    "# REFERENCE ONLY: `pip freeze` inside {image} ({digest}), recorded by `specdeploy image freeze`.\n"
+    "# The image is locked by its digest; nothing is installed from this list. Diff it between two\n"
+    "# digests to see what an upstream image changed.\n"
+)
+
+
+def freeze(image: str, out: Path, *, podman: str = "podman") -> Path:
+    """Write `pip freeze --all` from inside `image` to `out` under a reference-only header."""
+    done = podman_run(podman, "run", "--rm", "--entrypoint", "python3", image, "-m", "pip", "freeze", "--all")
+    if done.returncode != 0:
+        raise ImageError(
+            f"cannot record pip freeze in {image}: `python3 -m pip freeze` failed: {done.stderr.strip()[-300:]}",
+            hint="the image needs python3 with pip; pass an image reference podman can run",
+        )
+    digest = build.local_digest(image, podman) or "digest unknown"
+    atomic.ensure_dir(Path(out).parent if str(Path(out).parent) else Path("."))
+    atomic.write_bytes(Path(out), (REFERENCE_ONLY.format(image=image, digest=digest) + done.stdout).encode("utf-8"))
+    return Path(out)
 
 
 def check(image: str, profile: Profile, *, lock: Lock, podman: str = "podman") -> list[LabelCheck]:
@@ -105,7 +134,24 @@ def check(image: str, profile: Profile, *, lock: Lock, podman: str = "podman") -
             rows.append(LabelCheck(label, UNRECORDED_BASE, found, bool(found and DIGEST.fullmatch(found))))
             continue
         rows.append(LabelCheck(label, expected[arg], found, found == expected[arg]))
-    return rows + inside_rows(image, profile, podman)
+    return rows + cuda_lock_rows(profile, labels) + inside_rows(image, profile, podman)
+
+
+def cuda_lock_rows(profile: Profile, labels: dict[str, str]) -> list[LabelCheck]:
+    """A GPU image's CUDA label against the profile's variant, and an image built from a lock: its
+    lock label against the sha256 the profile pins (an unlocked image never passes)."""
+    image = profile.engine.image
+    assert image is not None
+    rows = []
+    if profile.uses_gpus and image.cuda:
+        found = labels.get(build.CUDA_LABEL)
+        rows.append(LabelCheck(build.CUDA_LABEL, image.cuda, found, found == image.cuda))
+    if image.lock is not None:
+        found = labels.get(build.LOCK_LABEL)
+        wanted = image_lock.normalized(str(image.lock.value)) if image.lock.resolved else None
+        expected = wanted or f"(unresolved in the profile: {image.lock.file})"
+        rows.append(LabelCheck(build.LOCK_LABEL, expected, found, wanted is not None and found == wanted))
+    return rows
 
 
 def _labels(printed: str, podman: str, image: str) -> dict[str, str]:

@@ -72,7 +72,9 @@ def deploy_facts(
         # the engine's wheel archive from the wheelhouse when the image installs it from there
         "image": (
             {
-                "context_files": [image.containerfile, layout.GUARDS_IN_CONTEXT, layout.LAUNCHER_IN_CONTEXT],
+                # a pinned image lock too: the build bind-mounts locks/images/ (unresolved: the build refuses)
+                "context_files": [image.containerfile, layout.GUARDS_IN_CONTEXT, layout.LAUNCHER_IN_CONTEXT]
+                + ([image.lock.file] if image.lock is not None and image.lock.resolved else []),
                 "engine_wheels": (
                     {"archive": f"{engine_name}.tar", "in_context": layout.ENGINE_WHEELS_IN_CONTEXT}
                     if image.engine_wheels
@@ -83,6 +85,9 @@ def deploy_facts(
             else None
         ),
         "paths": paths,
+        # what gpu_runtime installs, by exact version, and the image it pulls, by digest (issue 21):
+        # `pinned` holds `name=version` for apt, `unresolved` each unpinned package's source (refused)
+        "host": host_pins(profile),
         "unit": {
             "name": layout.UNIT_NAME,
             "file": str(layout.UNIT_FILES[profile.engine.runtime]),
@@ -93,4 +98,19 @@ def deploy_facts(
             # the host address a container engine's port is published on (inventory override)
             "publish_host": publish_host or layout.DEFAULT_PUBLISH_HOST,
         },
+    }
+
+
+def host_pins(profile: Profile) -> dict[str, Any]:
+    """The host packages and check image the profile pins, for the gpu_runtime role."""
+    host = profile.host
+    packages = host.packages if host else {}
+    check = host.check_image if host else None
+    return {
+        "pinned": {name: f"{name}={pin.value}" for name, pin in packages.items() if pin.resolved},
+        "unresolved": {name: pin.source for name, pin in packages.items() if not pin.resolved},
+        "check_image": f"{check.name.rsplit(':', 1)[0]}@{check.digest.value}"
+        if check and check.digest.resolved
+        else None,
+        "check_image_source": check.digest.source if check else None,
     }

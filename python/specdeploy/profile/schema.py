@@ -138,6 +138,54 @@ class BaseImage(_Strict):
     digest: DigestPin
 
 
+def cuda_version(image_name: str) -> str | None:
+    """The CUDA `major.minor` an image name declares (`cuda:12.9.1-...` -> 12.9, `...-cu129` -> 12.9),
+    the value torch.version.cuda reports for a torch built for it; None when the name says nothing."""
+    match = re.search(r"cuda:(\d+)\.(\d+)|-cu(\d{2})(\d)\b", image_name)
+    if not match:
+        return None
+    major, minor = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+    return f"{int(major)}.{int(minor)}"
+
+
+_LOCK_FILE_RE = re.compile(r"^locks/images/[a-z0-9][a-z0-9.-]*-cu[0-9]{3}\.txt$")
+_CU_RE = re.compile(r"/cu([0-9]{2})([0-9])/?$")
+
+
+class ImageLock(Pin):
+    """The image's hashed requirements file (issue 21): everything the engine image installs
+    besides the engine wheel built from source, exact versions with sha256, torch from the index
+    serving the image's CUDA. `value` is the file's sha256 once `specdeploy image lock` produced
+    it (`verified`: the hashes are those of the files downloaded); until then `unresolved` with
+    where it comes from, and `image build` refuses (or builds with `--unlocked`, labelled so).
+
+    Failure prevented: an engine image whose dependencies were resolved from PyPI at build
+    time (two builds, two images) and whose torch is the CUDA 13 build PyPI serves."""
+
+    file: str = Field(description="the lock's path in the checkout: locks/images/<profile>-cu<NNN>.txt")
+    torch_index: str = Field(description="the index serving torch for the image's CUDA, e.g. .../whl/cu129")
+    index: str = Field("https://pypi.org/simple", description="the index everything else comes from")
+    python: str = Field(pattern=r"^3\.[0-9]{1,2}$", description="the image's Python (major.minor)")
+    platform: str = Field(min_length=3, description="uv's --python-platform for the image, e.g. x86_64-manylinux_2_35")
+    requires: list[str] = Field(
+        min_length=1, description="what is locked: requirement specifiers (uv resolves the rest)"
+    )
+
+    @field_validator("value")
+    @classmethod
+    def _sha256(cls, v: Any) -> Any:
+        if v is not None and not (isinstance(v, str) and _SHA256_RE.match(v)):
+            raise ValueError(f"expected the lock file's sha256 (64 hex characters), found {v!r}")
+        return v
+
+    @field_validator("file")
+    @classmethod
+    def _file(cls, v: str) -> str:
+        if not _LOCK_FILE_RE.match(v):
+            raise ValueError(f"expected locks/images/<name>-cu<NNN>.txt (the CUDA variant in the name), found {v!r}")
+        return v
+
+
 class ImageSpec(_Strict):
     """The container image a GPU profile runs.
 
@@ -156,6 +204,41 @@ class ImageSpec(_Strict):
         "bind-mounted into the build as engine-wheels.tar), not from the base image or an index: "
         "sites without a package index, and the CPU rehearsal",
     )
+    lock: ImageLock | None = Field(
+        None, description="the hashed requirements the image installs (images built from source; None: upstream image)"
+    )
+
+    @property
+    def cuda(self) -> str | None:
+        """The image's CUDA variant (`12.9`), derived from the base image's name — its one source.
+        The base image's CUDA is what the image really runs on (its toolkit and libraries); a
+        separate field could disagree with it, so the torch index and the lock's file name are
+        checked against this instead of stated beside it."""
+        return cuda_version(self.base.name)
+
+    @model_validator(mode="after")
+    def _lock_matches_cuda(self) -> ImageSpec:
+        if self.lock is None:
+            return self
+        cuda = self.cuda
+        if cuda is None:
+            raise ValueError(
+                f"lock: the base image {self.base.name} names no CUDA version (cuda:X.Y or -cuXYZ), so the "
+                "lock's torch index cannot be checked against it"
+            )
+        variant = "cu" + cuda.replace(".", "")
+        if not self.lock.file.endswith(f"-{variant}.txt"):
+            raise ValueError(
+                f"lock.file: expected a name ending -{variant}.txt (the base image is CUDA {cuda}), "
+                f"found {self.lock.file!r}"
+            )
+        index = _CU_RE.search(self.lock.torch_index)
+        if index is None or f"cu{index.group(1)}{index.group(2)}" != variant:
+            raise ValueError(
+                f"lock.torch_index: expected the index serving torch for CUDA {cuda} (ending /{variant}), "
+                f"found {self.lock.torch_index!r}: torch from another index is built for another CUDA"
+            )
+        return self
 
 
 class SecretRef(_Strict):
@@ -401,6 +484,15 @@ class HostSpec(_Strict):
         None, description="container profiles: the quadlet keys the engine unit uses (5.0; verified with 5.4.2)"
     )
     disk: DiskSpec
+    packages: dict[str, Pin] = Field(
+        default_factory=dict,
+        description="Debian package -> exact version the gpu_runtime role installs (and holds): podman, catatonit, "
+        "the NVIDIA container toolkit; an unresolved one is refused by the role, never taken from the mirror",
+    )
+    check_image: BaseImage | None = Field(
+        None,
+        description="the image gpu_runtime runs nvidia-smi in through CDI, pulled by digest only",
+    )
 
 
 class WeightsSpec(_Strict):
@@ -439,6 +531,12 @@ class Profile(_Strict):
             raise ValueError(f"SGLang profiles use EAGLE or NEXTN, found {spec.method!r}")
         if self.engine.runtime == "container" and self.engine.image is None:
             raise ValueError("engine.runtime 'container' needs engine.image")
+        if self.uses_gpus and self.engine.image is not None and self.engine.image.cuda is None:
+            raise ValueError(
+                f"engine.image.base.name {self.engine.image.base.name!r} names no CUDA version (cuda:X.Y or "
+                "-cuXYZ): a GPU image's CUDA is read from its base, and checked against torch, the binaries "
+                "and the host driver"
+            )
         block = self.drafter_expected("block_size")
         if spec.method == "dflash" and block is not None and spec.num_speculative_tokens > block - 1:
             raise ValueError(
