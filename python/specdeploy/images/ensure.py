@@ -84,10 +84,11 @@ def inside_rows(image: str, profile: Profile, podman: str) -> list[LabelCheck]:
             LabelCheck("inside: torch CUDA", wanted, found.get("torch_cuda"), found.get("torch_cuda") == wanted)
         )
     lock = profile.engine.image.lock
-    if lock is not None:  # the lock the image was installed from, hashed inside it
+    if lock is not None or profile.engine.image.engine_wheels:  # the lock it was installed from, hashed inside it
         inside = found.get("image_lock_sha256")
         inside = image_lock.normalized(inside) if inside else None
-        expected = image_lock.normalized(str(lock.value)) if lock.resolved else f"(unresolved: {lock.file})"
+        wanted = image_lock.expected_sha256(profile)
+        expected = wanted or f"(unresolved: {lock.file if lock else '?'})"
         rows.append(LabelCheck(f"inside: {IMAGE_LOCK_IN_IMAGE} sha256", expected, inside, inside == expected))
     return rows
 
@@ -146,10 +147,10 @@ def cuda_lock_rows(profile: Profile, labels: dict[str, str]) -> list[LabelCheck]
     if profile.uses_gpus and image.cuda:
         found = labels.get(build.CUDA_LABEL)
         rows.append(LabelCheck(build.CUDA_LABEL, image.cuda, found, found == image.cuda))
-    if image.lock is not None:
+    if image.lock is not None or image.engine_wheels:
         found = labels.get(build.LOCK_LABEL)
-        wanted = image_lock.normalized(str(image.lock.value)) if image.lock.resolved else None
-        expected = wanted or f"(unresolved in the profile: {image.lock.file})"
+        wanted = image_lock.expected_sha256(profile)
+        expected = wanted or f"(unresolved in the profile: {image.lock.file if image.lock else '?'})"
         rows.append(LabelCheck(build.LOCK_LABEL, expected, found, wanted is not None and found == wanted))
     return rows
 

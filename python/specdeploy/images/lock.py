@@ -29,7 +29,7 @@ from specdeploy.profile import Profile
 from specdeploy.profile.schema import ImageLock
 
 UNLOCKED = "unlocked"  # the lock label of an image built with `image build --unlocked`
-UV_HINT = "install uv (`pip install uv`; it is in the dev extra) or pass --uv PATH"
+UV_HINT = "uv is in the dev venv (locks/dev.txt, scripts/setup.sh); elsewhere install uv, or pass --uv PATH"
 # what uv prints when it cannot reach an index (connection refused, DNS, TLS, timeouts, HTTP errors)
 _UNREACHABLE = re.compile(
     r"error sending request|Failed to fetch|tcp connect error|dns error|Connection refused|"
@@ -275,3 +275,38 @@ def produce(
         atomic.ensure_dir(target.parent)
         atomic.write_bytes(target, text.encode("utf-8"))
     return Produced(target, file_sha256(target), previous, len(requirements))
+
+
+# --------------------------------------------------------------------------- an engine archive's lock
+
+
+def engine_lock_file(profile: Profile) -> Path | None:
+    """The hashed lock an image with `engine_wheels` installs from (the wheelhouse's engine archive
+    holds a copy as requirements.lock): `locks/engine-PACKAGE-VERSION.txt`, shipped inside the CLI's
+    wheel (`specdeploy/locks`) and found in the checkout; None for an image of another kind."""
+    image = profile.engine.image
+    if image is None or not image.engine_wheels:
+        return None
+    name = f"engine-{profile.engine.source.package or profile.engine.kind}-{profile.engine.source.version.value}.txt"
+    package = Path(__file__).resolve().parents[1]  # .../specdeploy
+    for directory in (package / "locks", package.parents[1] / "locks"):
+        if (directory / name).is_file():
+            return directory / name
+    raise SpecdeployError(
+        f"profile {profile.name}: its image installs the engine's wheels from the lock locks/{name}, which this "
+        "specdeploy does not ship; nothing was built or checked",
+        hint=f"produce it on the controller (scripts/lock.sh {name.removesuffix('.txt')}), commit it and rebuild "
+        "the CLI's wheel (scripts/wheelhouse.sh)",
+    )
+
+
+def expected_sha256(profile: Profile) -> str | None:
+    """The sha256 the image's lock must have: the profile's pinned image lock, or its engine
+    archive's lock file; None when the image installs no lock (an upstream image, by digest)."""
+    image = profile.engine.image
+    if image is None:
+        return None
+    if image.lock is not None:
+        return normalized(str(image.lock.value)) if image.lock.resolved else None
+    engine_lock = engine_lock_file(profile)
+    return file_sha256(engine_lock) if engine_lock is not None else None
