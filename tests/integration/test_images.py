@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.elf import compile_extension
 from tests.support.local_images import PODMAN, RUN_FLAGS, build_base, run_limits_conf
 from tests.support.vllm_repo import fixture_vllm_repo, git
 
@@ -53,6 +55,8 @@ def _small_profile(version: str = "0.5.19") -> Profile:
             },
         }
     }
+    # a CPU base stands in for the CUDA one: the variant claims no GPU (no CUDA is read from its base)
+    patch["host"] = {"compute_capability_min": None}
     return variants.derive(load_profile("a6000-mtp"), "a6000-mtp-small", patch)
 
 
@@ -199,12 +203,14 @@ def _official_standin(vllm: str, torch_cuda: str) -> str:
     CUDA the profile expects; `torch_cuda` is what the torch inside was built for)."""
     tag = f"{STANDIN}:v{vllm.split('+')[0]}-torch{torch_cuda}-cu129"
     recipe = ROOT / "tests" / "data" / "images" / "Containerfile.vllm-openai-standin"
-    argv = [
-        *PODMAN.split(), "build", "--quiet", "--file", str(recipe),
-        "--build-arg", f"BASE_IMAGE={build_base()}", "--build-arg", f"VLLM_VERSION={vllm}",
-        "--build-arg", f"TORCH_CUDA={torch_cuda}", "--tag", tag, str(ROOT),
-    ]  # fmt: skip
-    subprocess.run(argv, check=True, capture_output=True)
+    with tempfile.TemporaryDirectory() as context:  # vLLM's extension, linked to the CUDA runtime of torch's major
+        compile_extension(Path(context) / "vllm", int(torch_cuda.split(".")[0]))
+        argv = [
+            *PODMAN.split(), "build", "--quiet", "--file", str(recipe),
+            "--build-arg", f"BASE_IMAGE={build_base()}", "--build-arg", f"VLLM_VERSION={vllm}",
+            "--build-arg", f"TORCH_CUDA={torch_cuda}", "--tag", tag, context,
+        ]  # fmt: skip
+        subprocess.run(argv, check=True, capture_output=True)
     return tag
 
 

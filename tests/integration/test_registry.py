@@ -52,6 +52,8 @@ def _profile(name: str, version: str) -> Profile:
             },
         }
     }
+    # a CPU base stands in for the CUDA one: the variant claims no GPU (no CUDA is read from its base)
+    patch["host"] = {"compute_capability_min": None}
     return variants.derive(load_profile("a6000-mtp"), "a6000-mtp-pushed", patch)
 
 

@@ -5,42 +5,18 @@ image build runs it: a separate Python process with the fixture first on its pat
 
 from __future__ import annotations
 
-import shutil
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.support.elf import GCC, compile_extension
 
 from specdeploy.images import guards
 
 GUARD = Path(guards.__file__)
-GCC = shutil.which("gcc")
 needs_gcc = pytest.mark.skipif(GCC is None, reason="gcc is not installed: the fixture ELF objects cannot be built")
-
-
-def _compile_extension(directory: Path, cuda_major: int) -> Path:
-    """`_C.abi3.so` linked against a stub `libcudart.so.<major>` (both real ELF objects)."""
-    assert GCC is not None
-    directory.mkdir(parents=True, exist_ok=True)
-    build = directory.parent / f"build-cu{cuda_major}"
-    build.mkdir(exist_ok=True)
-    (build / "cudart.c").write_text("int cudaRuntimeGetVersion(int *v) { *v = 0; return 0; }\n")
-    (build / "ext.c").write_text(
-        "int cudaRuntimeGetVersion(int *v);\nint probe(void) { int v; return cudaRuntimeGetVersion(&v); }\n"
-    )
-    soname = f"libcudart.so.{cuda_major}"
-    subprocess.run(
-        [GCC, "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(build / soname), str(build / "cudart.c")],
-        check=True,
-    )
-    target = directory / "_C.abi3.so"
-    subprocess.run(
-        [GCC, "-shared", "-fPIC", "-Wl,--no-as-needed", "-o", str(target), str(build / "ext.c"), str(build / soname)],
-        check=True,
-    )
-    return target
 
 
 def _site(tmp_path: Path, *, torch_cuda: str, cudart_major: int) -> Path:
@@ -52,7 +28,7 @@ def _site(tmp_path: Path, *, torch_cuda: str, cudart_major: int) -> Path:
     (torch / "__init__.py").write_text("raise ImportError('the guard must not import torch')\n")
     (torch / "version.py").write_text(f"__version__ = '2.11.0'\ncuda: Optional[str] = '{torch_cuda}'\n")
     vllm = site / "vllm"
-    _compile_extension(vllm, cudart_major)
+    compile_extension(vllm, cudart_major)
     (vllm / "__init__.py").write_text("raise ImportError('the guard must not import vllm')\n")
     return site
 
@@ -64,7 +40,7 @@ def _run_guard(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @needs_gcc
 def test_the_elf_reader_names_the_cuda_runtime_a_real_linked_extension_needs(tmp_path: Path) -> None:
-    extension = _compile_extension(tmp_path / "vllm", 12)
+    extension = compile_extension(tmp_path / "vllm", 12)
     needed = guards.elf_needed(extension)
     assert "libcudart.so.12" in needed and "libc.so.6" in needed
 

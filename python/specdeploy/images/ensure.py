@@ -298,23 +298,29 @@ def ensure(
     assert profile.engine.image is not None
     tag = image_tag(profile)
     action = "present"
+    # pull: present means present at the pinned digest (a new push under the same tag is pulled)
+    wanted = require(profile, "engine.image.digest", lock) if source == "pull" else None
+    present = build.local_digest(tag, podman) is not None and (
+        wanted is None or _at_digest(tag, profile, wanted, podman)
+    )
     if only_report:  # `ansible-playbook --check`: say what would happen, change nothing (no lock record)
-        digest = build.local_digest(tag, podman)
-        if digest is None:
+        if not present:
             return Ensured(tag, f"{profile.engine.image.name}@(not yet {source})", f"would {source}", "", [])
+        digest = build.local_digest(tag, podman)
         return Ensured(
             tag, f"{profile.engine.image.name}@{digest}", action, "", check(tag, profile, lock=lock, podman=podman)
         )
-    if build.local_digest(tag, podman) is None:
+
+    def acquire() -> str:
+        assert profile.engine.image is not None
         if source == "build":
             assert context is not None
             if base_archive is not None:
                 load_base(profile, base_archive, podman)
             build.build(profile, lock=lock, context=context, podman=podman, driver_version=driver_version)
-            action = "built"
-        elif source == "pull":
-            digest = require(profile, "engine.image.digest", lock)
-            remote = f"{in_registry(profile.engine.image.name, registry)}@{digest}"
+            return "built"
+        if source == "pull":
+            remote = f"{in_registry(profile.engine.image.name, registry)}@{wanted}"
             cert = ["--cert-dir", str(cert_dir)] if cert_dir is not None else []
             pulled = podman_run(podman, "pull", "--quiet", *cert, remote)
             if pulled.returncode != 0:
@@ -324,13 +330,19 @@ def ensure(
                     "the lock holds, and that this host trusts the registry (images_registry_ca_src)",
                 )
             podman_run(podman, "tag", remote, tag)  # the profile's name: the engine unit runs NAME@DIGEST
-            action = "pulled"
-        elif source == "archive":
-            assert archive is not None
-            loaded = podman_run(podman, "load", "--input", str(archive))
-            if loaded.returncode != 0:
-                raise ImageError(f"podman load {archive} failed: {loaded.stderr.strip()[-300:]}")
-            action = "loaded"
+            return "pulled"
+        assert archive is not None
+        loaded = podman_run(podman, "load", "--input", str(archive))
+        if loaded.returncode != 0:
+            raise ImageError(f"podman load {archive} failed: {loaded.stderr.strip()[-300:]}")
+        return "loaded"
+
+    if not present:
+        action = acquire()
+    elif source != "pull" and not all(row.ok for row in check(tag, profile, lock=lock, podman=podman)):
+        # an image of other inputs under the same tag (a lock bump, a new build arg): replaced by one
+        # of this profile's, which must then pass the check
+        action = acquire()
     digest = build.local_digest(tag, podman)
     if digest is None:
         raise ImageError(
@@ -343,3 +355,10 @@ def ensure(
         build.record_image_id(lock, profile, image_id, by=f"image ensure ({action})")
         record_base_digest(profile, labels, lock, by=f"image ensure ({action}): the image's base label")
     return Ensured(tag, f"{profile.engine.image.name}@{digest}", action, image_id, labels)
+
+
+def _at_digest(tag: str, profile: Profile, digest: str, podman: str) -> bool:
+    """Whether the local image `tag` is the one at `digest` (pulled earlier under the profile's name)."""
+    assert profile.engine.image is not None
+    pinned = podman_run(podman, "image", "inspect", "--format", "{{.Id}}", f"{profile.engine.image.name}@{digest}")
+    return pinned.returncode == 0 and pinned.stdout.strip() == build.local_id(tag, podman)
