@@ -38,7 +38,7 @@ from specdeploy.gate.run import new_run_id
 from specdeploy.images import build as images
 from specdeploy.profile import load_profile
 from specdeploy.profile.lock import Lock
-from specdeploy.rehearsal import deploy, engine_image, hosts, hub, variants
+from specdeploy.rehearsal import deploy, engine_image, hosts, hub, registry, variants
 
 pytestmark = [pytest.mark.testhost, pytest.mark.vllm, pytest.mark.podman, pytest.mark.hub]
 HOST_NAME, SSH_PORT, HOST_IP = "specdeploy-container-host", 2340, "10.89.64.30"
@@ -109,7 +109,9 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             hosts.stop(HOST_NAME)
 
 
-def _play(rig: Rig, *, profiles: Path | None = None) -> tuple[subprocess.CompletedProcess[str], dict | None]:
+def _play(
+    rig: Rig, *, profiles: Path | None = None, images: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict | None]:
     """One play (-vvv, kept for the canary search), and its own gate report from the host."""
     run_id = new_run_id()
     recording = dict(item.split("=", 1) for item in rig.recording.split())
@@ -124,9 +126,14 @@ def _play(rig: Rig, *, profiles: Path | None = None) -> tuple[subprocess.Complet
         extra_vars={
             "weights_source": "hub",
             "weights_hf_endpoint": rig.served.endpoint_in_network,
-            "images_source": rig.images_source,
-            "images_base_archive_src": str(rig.base_archive),
-            "images_archive_src": str(rig.engine_archive),
+            **(
+                images
+                or {
+                    "images_source": rig.images_source,
+                    "images_base_archive_src": str(rig.base_archive),
+                    "images_archive_src": str(rig.engine_archive),
+                }
+            ),
             "ansible_ssh_executable": str(rig.ssh),
         },
         vault=rig.vault,
@@ -331,3 +338,32 @@ def test_the_same_search_finds_a_canary_leaked_on_purpose(rig: Rig, tmp_path: Pa
     log.write_text(run.stdout)
     result = canary.search(rig.host, [leak], controller_logs=[log], images=[])
     assert result.hits["argv-log"] and result.hits["leak-vvv.log"], result.describe()
+
+
+def test_the_host_pulls_the_image_built_once_on_the_controller_by_its_digest_and_serves_it(rig: Rig) -> None:
+    """Build once, ship everywhere, through the images role (last in this module: the image the
+    host built was searched for canaries and kept above). The controller, the site's builder,
+    pushes its build to the site registry (Debian's docker-registry on a test host of its own,
+    TLS with a site CA) and `image push` records the registry's digest in the site's lock beside
+    the inventory; the play pushes that lock to the host, installs the CA where podman reads it
+    and pulls NAME@DIGEST (`images_source: pull`, the default) — another image ID than the host's
+    own build, the same files (above) — and the engine restarts on it and passes its gate."""
+    site = registry.start_registry()
+    site_lock = rig.logs.parent / "specdeploy.lock"  # beside the inventory the plays use
+    profile = load_profile(rig.profiles / f"{PROFILE}.yaml")
+    digest = deploy.build_once(profile, wheels=rig.wheels, site=site, site_lock=site_lock)
+    run, report = _play(
+        rig,
+        images={
+            "images_source": "pull",
+            "images_registry": site.address,
+            "images_registry_ca_src": str(site.ca),
+        },
+    )
+    assert run.returncode == 0, run.stdout[-5000:]
+    assert report is not None and report["verdict"] == "pass", report
+    assert '"action": "pulled"' in run.stdout
+    assert f"Image={profile.engine.image.name}@{digest}" in rig.host.ssh(f"cat {UNIT}").stdout.splitlines()
+    ca = rig.host.ssh(f"cat /etc/containers/certs.d/{site.address}/ca.crt").stdout
+    assert ca == site.ca.read_text()
+    assert _status(rig, "/v1/models", key=API_KEY) == 200
