@@ -2,9 +2,10 @@
 # The main job: set up (or reuse) everything, then deploy the `cpu-rehearsal-container` profile with
 # `ansible-playbook deploy.yml -l rehearsal` over real SSH to a disposable systemd host
 # (a podman container booted from a cached Debian trixie image, running podman itself; created
-# when missing, reused when running) the way a GPU host is deployed: the engine image built on
-# the host and run under quadlet, weights from a gated hub (a test container of its own) with a
-# token, an API key. Prints this run's gate report. Exit code: the gate's (0 pass, 1 fail, 2 could
+# when missing, reused when running) the way a GPU host is deployed: the engine image built once on
+# this machine (the builder), pushed to the site registry (a test container of its own) and pulled
+# by digest on the host, run under quadlet, weights from a gated hub (another test container) with
+# a token, an API key. Prints this run's gate report. Exit code: the gate's (0 pass, 1 fail, 2 could
 # not test, 3 inconclusive, 4 not rolled back to a serving stack; README "Exit codes"), or 2
 # when the play stopped before the gate.
 # Extra arguments go to `specdeploy rehearsal deploy` (e.g. --remove-host).

