@@ -194,3 +194,14 @@ def test_the_pr_image_proves_its_torch_and_its_vllm_binaries_are_built_for_the_p
     assert guard in runtime
     assert runtime.index(guard) > runtime.rindex("/opt/vllm/bin/pip install")
     assert _build_args("a6000-dflash")["TORCH_CUDA"] == "12.9"
+
+
+def test_the_pr_image_checks_the_precompiled_binaries_by_sha256_before_vllm_uses_them() -> None:
+    """On the precompiled path vLLM's setup.py would download its binaries unchecked: a locked
+    build downloads the profile's URL, checks the profile's sha256, then hands the file over."""
+    runs = [ins["value"] for ins in _parse(FILES["a6000-dflash"]) if ins["instruction"] == "RUN"]
+    build = next(r for r in runs if "pip wheel" in r)
+    check = build.index("sha256sum --check --strict /tmp/precompiled.sha256")
+    assert build.index('"${PRECOMPILED_WHEEL_URL}"') < check < build.index("export VLLM_PRECOMPILED_WHEEL_LOCATION")
+    assert build.index("export VLLM_PRECOMPILED_WHEEL_LOCATION") < build.index("pip wheel")
+    assert {"PRECOMPILED_WHEEL_URL", "PRECOMPILED_WHEEL_SHA256"} <= set(_build_args("a6000-dflash"))

@@ -254,3 +254,49 @@ def test_gpu_runtime_gets_exact_package_versions_and_refuses_what_the_profile_le
     assert host_pins(pinned)["check_image"] == f"docker.io/library/busybox@{digest}"
     tasks = (ROOT / "ansible" / "roles" / "gpu_runtime" / "tasks" / "main.yml").read_text()
     assert "gpu_runtime_check_image" not in tasks and "specdeploy_facts.host.check_image" in tasks
+
+
+def _locked_context(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """A build context holding a hashed lock for a6000-dflash, and the lock section pinning it."""
+    lock = load_profile("a6000-dflash").engine.image.lock  # type: ignore[union-attr]
+    assert lock is not None
+    context = tmp_path / "context"
+    (context / lock.file).parent.mkdir(parents=True)
+    (context / lock.file).write_text("pip==26.3 \\\n    --hash=sha256:" + "a" * 64 + "\n")
+    (context / "Containerfile.vllm-pr40898").write_bytes((ROOT / "Containerfile.vllm-pr40898").read_bytes())
+    digest = hashlib.sha256((context / lock.file).read_bytes()).hexdigest()
+    return context, {"value": digest, "provenance": "verified", "source": "a test lock"}
+
+
+def test_a_locked_pr_build_refuses_precompiled_binaries_it_cannot_check(tmp_path: Path, cli: Any) -> None:
+    """The precompiled fast path takes vLLM's binaries from wheels.vllm.ai: a locked build needs
+    their URL and sha256 in the profile (checked in the build stage), else it is refused naming
+    engine.source.precompiled_wheel; with them, the build args carry both."""
+    context, pinned = _locked_context(tmp_path)
+    path = _variant(tmp_path, "a6000-dflash-locked", pinned)
+    refused = cli("image", "build", "--profile", path, "--context", context, "--dry-run")
+    assert refused.exit_code == 2, refused.output
+    out = " ".join(refused.output.split())
+    assert "field engine.source.precompiled_wheel is unresolved" in out and "--unlocked" in out
+
+    url = "https://wheels.vllm.ai/" + "1" * 40 + "/cu129/vllm-1.0.0.dev-cp38-abi3-manylinux1_x86_64.whl"
+    wheel = {"value": "b" * 64, "provenance": "verified", "source": "a test wheel", "url": url}
+    profile = variants.derive(
+        load_profile(path), "a6000-dflash-locked", {"engine": {"source": {"precompiled_wheel": wheel}}}
+    )
+    resolved = variants.materialize(profile, tmp_path / "resolved")
+    built = cli("image", "build", "--profile", resolved, "--context", context, "--dry-run")
+    assert built.exit_code == 0, built.output
+    assert f"--build-arg PRECOMPILED_WHEEL_URL={url}" in built.stdout
+    assert f"--build-arg PRECOMPILED_WHEEL_SHA256=sha256:{'b' * 64}" in built.stdout
+
+
+def test_a_precompiled_wheel_pin_needs_an_https_url_and_a_sha256() -> None:
+    from pydantic import ValidationError
+
+    from specdeploy.profile.schema import PrecompiledWheel
+
+    with pytest.raises(ValidationError, match="needs its https:// url"):
+        PrecompiledWheel(value="c" * 64, provenance="verified", source="x y z")
+    with pytest.raises(ValidationError, match="expected the wheel's sha256"):
+        PrecompiledWheel(value="nope", provenance="verified", source="x y z", url="https://x/y.whl")

@@ -212,6 +212,35 @@ CUDA_LABEL = "io.specdeploy.cuda"
 LOCK_LABEL = "io.specdeploy.lock.sha256"
 
 
+def precompiled_wheel_args(profile: Profile) -> dict[str, str]:
+    """The precompiled binaries' URL and sha256 (empty while unresolved: a locked build is refused
+    before, an unlocked one lets vLLM's setup.py fetch them, unchecked, and is labelled so)."""
+    wheel = profile.engine.source.precompiled_wheel
+    if wheel is None or not wheel.resolved:
+        return {"PRECOMPILED_WHEEL_URL": "", "PRECOMPILED_WHEEL_SHA256": ""}
+    return {
+        "PRECOMPILED_WHEEL_URL": str(wheel.url),
+        "PRECOMPILED_WHEEL_SHA256": image_lock.normalized(str(wheel.value)),
+    }
+
+
+def require_precompiled_wheel(profile: Profile) -> None:
+    """A locked PR build on the precompiled path needs the binaries' URL and sha256 (exit 2 otherwise)."""
+    image = profile.engine.image
+    if image is None or image.build_args.get("BUILD_MODE") != "precompiled" or not profile.engine.source.git_repo:
+        return
+    wheel = profile.engine.source.precompiled_wheel
+    if wheel is None or not wheel.resolved:
+        raise image_lock.ImageLockError(
+            f"profile {profile.name}: field engine.source.precompiled_wheel is "
+            f"{'missing' if wheel is None else 'unresolved'}: BUILD_MODE=precompiled would take vLLM's binaries from "
+            "wheels.vllm.ai unchecked at build time; nothing was built",
+            hint="record the merge-base wheel's url and sha256 in the profile where wheels.vllm.ai is reachable "
+            f"({wheel.source if wheel else 'https://wheels.vllm.ai/<merge-base>/<variant>/'}); or build an image "
+            "labelled unlocked with `specdeploy image build --unlocked`",
+        )
+
+
 def lock_args(profile: Profile, lock_sha256: str | None = None) -> dict[str, str]:
     """The image lock's build args (images built from source): its path in the build context, its
     sha256 (or `unlocked`), the torch index an unlocked build falls back to."""
@@ -255,6 +284,7 @@ def build_args(
             # and the io.specdeploy.cuda label); the binaries' variant follows it (cu129), never vLLM's default
             "TORCH_CUDA": image.cuda or "",
             "VLLM_PRECOMPILED_WHEEL_VARIANT": "cu" + (image.cuda or "").replace(".", ""),
+            **precompiled_wheel_args(profile),
             **lock_args(profile, lock_sha256),
         }
     else:  # a released engine in its official image: the guard checks what is installed
@@ -435,7 +465,9 @@ def _image_lock(profile: Profile, context: Path, unlocked: bool) -> str | None:
         return None
     if unlocked:
         return image_lock.UNLOCKED
-    return image_lock.require(profile, context)[1]
+    sha256 = image_lock.require(profile, context)[1]
+    require_precompiled_wheel(profile)
+    return sha256
 
 
 def _resolved(profile: Profile, lock: Lock) -> bool:

