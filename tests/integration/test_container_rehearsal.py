@@ -56,8 +56,8 @@ class Rig:
 
     host: hosts.Host
     served: hub.Hub
+    site: registry.Registry  # the site registry: the base by its digest (and, last, the image built once)
     wheels: Path
-    base_archive: Path
     # the engine image as an archive, kept once per cache key (engine_image.archive_key): loaded
     # when there (`images_source: archive`, as an air-gapped site), else built on the host and kept
     engine_archive: Path
@@ -75,11 +75,15 @@ class Rig:
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     work = tmp_path_factory.mktemp("container")
     profile = load_profile(PROFILE)
-    wheels, base_archive = deploy.wheelhouse(PROFILE), engine_image.base_archive(profile)
-    key = engine_image.archive_key(profile, context=deploy.checkout(), wheels=wheels)
+    site = registry.start_registry()
+    base = engine_image.base_in_registry(profile, registry=site.address, cert_dir=site.cert_dir)
+    wheels = deploy.wheelhouse(PROFILE)
     vault = deploy.rehearsal_vault(work / "secrets", token=TOKEN, api_key=API_KEY)
     gated = [profile.drafter.repo] if profile.drafter else []
     with hub.hub(token=TOKEN, gated=gated) as served:
+        profiles = deploy.pinned_profile(profile, served.commits, work / "profiles", base=base).parent
+        pinned = load_profile(profiles / f"{PROFILE}.yaml")
+        key = engine_image.archive_key(pinned, context=deploy.checkout(), wheels=wheels)
         hub.ensure_network()
         host = hosts.start(
             HOST_NAME,
@@ -95,11 +99,11 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
             yield Rig(
                 host=host,
                 served=served,
+                site=site,
                 wheels=wheels,
-                base_archive=base_archive,
-                engine_archive=engine_image.engine_archive(profile, key),
-                images_source="archive" if engine_image.engine_archive(profile, key).is_file() else "build",
-                profiles=deploy.pinned_profile(profile, served.commits, work / "profiles").parent,
+                engine_archive=engine_image.engine_archive(pinned, key),
+                images_source="archive" if engine_image.engine_archive(pinned, key).is_file() else "build",
+                profiles=profiles,
                 vault=vault,
                 logs=logs,
                 ssh=canary.ssh_wrapper(logs),
@@ -126,14 +130,10 @@ def _play(
         extra_vars={
             "weights_source": "hub",
             "weights_hf_endpoint": rig.served.endpoint_in_network,
-            **(
-                images
-                or {
-                    "images_source": rig.images_source,
-                    "images_base_archive_src": str(rig.base_archive),
-                    "images_archive_src": str(rig.engine_archive),
-                }
-            ),
+            # the site registry's CA: the base the host build starts from comes from there by its digest
+            "images_registry": rig.site.address,
+            "images_registry_ca_src": str(rig.site.ca),
+            **(images or {"images_source": rig.images_source, "images_archive_src": str(rig.engine_archive)}),
             "ansible_ssh_executable": str(rig.ssh),
         },
         vault=rig.vault,
@@ -214,9 +214,13 @@ def test_the_engine_image_built_on_the_host_holds_the_same_files_as_the_one_buil
     from the same lock and build context hold the same files: path, type, mode, owner and sha256
     of every file (`specdeploy image manifest`; what it leaves out, and why:
     specdeploy.images.manifest.EXCLUDED)."""
-    profile = load_profile(PROFILE)
+    profile = load_profile(rig.profiles / f"{PROFILE}.yaml")  # the base by its registry digest, as on the host
     built = engine_image.build_on_controller(
-        profile, context=deploy.checkout(), wheels=rig.wheels, lock=Lock(tmp_path / "builder.lock")
+        profile,
+        context=deploy.checkout(),
+        wheels=rig.wheels,
+        lock=Lock(tmp_path / "builder.lock"),
+        cert_dir=rig.site.cert_dir,
     )
     there = "/var/tmp/engine-manifest.json"
     rig.host.ssh(f"{CLI} image manifest {images.image_tag(profile)} --output {there} --json > /dev/null")
@@ -302,14 +306,18 @@ def test_no_canary_appears_in_any_command_line_log_file_unit_image_or_process(ri
     """After every play above (a deploy, a re-run, a failed gate, a crash loop, a recovery, each
     with the canary token and key): zero hits in each place, every place searched."""
     assert rig.plays >= 5
-    profile = load_profile(PROFILE)
+    profile = load_profile(rig.profiles / f"{PROFILE}.yaml")
     assert profile.engine.image is not None
+    base = profile.engine.image.base
     result = canary.search(
         rig.host,
         [TOKEN, API_KEY],
         controller_logs=sorted(rig.logs.glob("*.log")),
-        # the engine image's history holds its base's; the base by name only where it was loaded to build
-        images=[images.image_tag(profile), *([profile.engine.image.base.name] if rig.images_source == "build" else [])],
+        # the engine image's history holds its base's; the base (by its digest) only where it was pulled to build
+        images=[
+            images.image_tag(profile),
+            *([f"{base.name.rsplit(':', 1)[0]}@{base.digest.value}"] if rig.images_source == "build" else []),
+        ],
     )
     assert result.unsearched == {}, result.describe()
     assert result.total == 0, result.describe()
@@ -348,18 +356,11 @@ def test_the_host_pulls_the_image_built_once_on_the_controller_by_its_digest_and
     the inventory; the play pushes that lock to the host, installs the CA where podman reads it
     and pulls NAME@DIGEST (`images_source: pull`, the default) — another image ID than the host's
     own build, the same files (above) — and the engine restarts on it and passes its gate."""
-    site = registry.start_registry()
+    site = rig.site
     site_lock = rig.logs.parent / "specdeploy.lock"  # beside the inventory the plays use
     profile = load_profile(rig.profiles / f"{PROFILE}.yaml")
     digest = deploy.build_once(profile, wheels=rig.wheels, site=site, site_lock=site_lock)
-    run, report = _play(
-        rig,
-        images={
-            "images_source": "pull",
-            "images_registry": site.address,
-            "images_registry_ca_src": str(site.ca),
-        },
-    )
+    run, report = _play(rig, images={"images_source": "pull"})
     assert run.returncode == 0, run.stdout[-5000:]
     assert report is not None and report["verdict"] == "pass", report
     assert '"action": "pulled"' in run.stdout

@@ -72,6 +72,16 @@ def push(
             hint=f"build it first: specdeploy image build --profile {profile.name}",
         )
     destination = f"{name}:{tag.rsplit(':', 1)[1]}"
+    digest = push_reference(tag, destination, podman=podman, cert_dir=cert_dir, tls_verify=tls_verify)
+    recorded = lock.record(profile.name, DIGEST_KEY, digest, by="image push", detail={"pushed_to": destination})
+    image_id = f"sha256:{build.local_id(tag, podman)}"
+    return Pushed(tag, destination, digest, f"{name}@{digest}", image_id, recorded)
+
+
+def push_reference(
+    source: str, destination: str, *, podman: str = "podman", cert_dir: Path | None = None, tls_verify: bool = True
+) -> str:
+    """`podman push SOURCE docker://DESTINATION`; the registry's manifest digest from `--digestfile`."""
     with tempfile.TemporaryDirectory(prefix="specdeploy-push-") as tmp:
         digestfile = Path(tmp) / "digest"
         done = podman_run(
@@ -82,18 +92,16 @@ def push(
             *(["--cert-dir", str(cert_dir)] if cert_dir is not None else []),
             "--digestfile",
             str(digestfile),
-            tag,
+            source,
             f"docker://{destination}",
         )
         if done.returncode != 0:
             raise ImageError(
-                f"podman push {tag} to {destination} failed: {done.stderr.strip()[-500:]}",
+                f"podman push {source} to {destination} failed: {done.stderr.strip()[-500:]}",
                 hint="is the registry reachable from here, its CA trusted (--cert-dir), and are you logged in "
                 "(podman login) where it needs credentials?",
             )
         digest = files.read_text(digestfile, what="podman's digest file", limit=4096).strip()
     if not _DIGEST.fullmatch(digest):
         raise ImageError(f"podman push wrote {digest!r} as the digest of {destination}: expected sha256:<64 hex>")
-    recorded = lock.record(profile.name, DIGEST_KEY, digest, by="image push", detail={"pushed_to": destination})
-    image_id = f"sha256:{build.local_id(tag, podman)}"
-    return Pushed(tag, destination, digest, f"{name}@{digest}", image_id, recorded)
+    return digest

@@ -219,9 +219,13 @@ def rehearsal_vault(directory: Path, *, token: str | None = None, api_key: str |
     return kept
 
 
-def pinned_profile(profile: Profile, commits: dict[str, str], directory: Path) -> Path:
+def pinned_profile(
+    profile: Profile, commits: dict[str, str], directory: Path, *, base: tuple[str, str] | None = None
+) -> Path:
     """`profile` with its models pinned at the hub's commits, written to `directory/<name>.yaml`
-    (the profiles directory the play deploys from): fixtures have no commit before the hub does."""
+    (the profiles directory the play deploys from): fixtures have no commit before the hub does.
+    `base`: the engine image's base as pushed to the site registry (name, digest;
+    engine_image.base_in_registry), which every builder and host takes by that digest."""
 
     def pin(repo: str) -> dict[str, str]:
         return {"value": commits[repo], "provenance": "rehearsal", "source": "the fixture repo's commit on the hub"}
@@ -229,6 +233,13 @@ def pinned_profile(profile: Profile, commits: dict[str, str], directory: Path) -
     patch: dict[str, object] = {"target": {"revision": pin(profile.target.repo)}}
     if profile.drafter is not None:
         patch["drafter"] = {"revision": pin(profile.drafter.repo)}
+    if base is not None:
+        digest = {
+            "value": base[1],
+            "provenance": "rehearsal",
+            "source": "podman push --digestfile to the site registry",
+        }
+        patch["engine"] = {"image": {"base": {"name": base[0], "digest": digest}}}
     pinned = variants.derive(profile, profile.name, patch)
     return variants.materialize(pinned, directory)
 
@@ -252,7 +263,9 @@ def build_once(profile: Profile, *, wheels: Path, site: Any, site_lock: Path) ->
     for stale in builder.glob("*.lock") if builder.is_dir() else []:
         if stale != builder_lock.path:
             stale.unlink()
-    engine_image.build_on_controller(profile, context=checkout(), wheels=wheels, lock=builder_lock)
+    engine_image.build_on_controller(
+        profile, context=checkout(), wheels=wheels, lock=builder_lock, cert_dir=site.cert_dir
+    )
     print(f"pushing the engine image to the rehearsal's registry {site.address}", file=sys.stderr)
     digest = push.push(
         profile, lock=builder_lock, registry=site.address, podman=hosts.PODMAN, cert_dir=site.cert_dir
@@ -360,7 +373,7 @@ def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) 
     """Deploy cpu-rehearsal-container to the disposable host (booted when missing) with its weights
     from the gated hub, and read this run's gate report. `patch`: deploy a variant of the profile
     instead (benchmarks/rehearsal_deploy.py deploys one whose gate fails, to time a rollback)."""
-    from specdeploy.rehearsal import hub, registry
+    from specdeploy.rehearsal import engine_image, hub, registry
 
     check_controller()
     profile = load_profile(PROFILE)
@@ -372,7 +385,8 @@ def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) 
     site = registry.start_registry()
     gated = [model.repo for _, model in models_of(profile) if model.gated]
     with hub.hub(token=token, gated=gated) as served:
-        profiles = pinned_profile(profile, served.commits, state / "profiles").parent
+        base = engine_image.base_in_registry(profile, registry=site.address, cert_dir=site.cert_dir)
+        profiles = pinned_profile(profile, served.commits, state / "profiles", base=base).parent
         if patch:
             variant = variants.derive(load_profile(profiles / f"{PROFILE}.yaml"), PROFILE, patch)
             profiles = variants.materialize(variant, state / "profiles-variant").parent

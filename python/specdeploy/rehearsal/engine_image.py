@@ -58,12 +58,27 @@ def base_image(profile: Profile) -> str:
     """The profile's base image, debootstrapped once (cached) and tagged with the profile's name for it."""
     if profile.engine.image is None:
         raise SpecdeployError(f"profile {profile.name} runs no container image")
-    name = profile.engine.image.base.name
+    from specdeploy.core.references import repository_of
+
+    # the local name, also for a profile whose base was pinned in the site's registry (base_in_registry)
+    name = f"localhost/{repository_of(profile.engine.image.base.name)}"
     repository, suite = name.rsplit(":", 1)  # the tag names the Debian suite (the profile says it once)
     built = debootstrap_image(suite, BASE_PACKAGES, repository)
     if images.local_id(name, PODMAN) != images.local_id(built, PODMAN):
         _podman("tag", built, name)
     return name
+
+
+def base_in_registry(profile: Profile, *, registry: str, cert_dir: Path) -> tuple[str, str]:
+    """The base pushed to the site's registry, as a GPU site's CUDA base comes from one: (its name
+    there, the registry's digest). Every builder and host then takes `NAME@DIGEST`, one base by one
+    digest everywhere (a local image's own digest changes with each save and load)."""
+    from specdeploy.core.references import in_registry
+    from specdeploy.images import push
+
+    local = base_image(profile)
+    name = in_registry(local, registry)
+    return name, push.push_reference(local, name, podman=PODMAN, cert_dir=cert_dir)
 
 
 def base_archive(profile: Profile) -> Path:
@@ -147,7 +162,9 @@ def build_context(profile: Profile, *, context: Path, wheels: Path, dest: Path) 
     return dest
 
 
-def build_on_controller(profile: Profile, *, context: Path, wheels: Path, lock: Lock) -> str:
+def build_on_controller(
+    profile: Profile, *, context: Path, wheels: Path, lock: Lock, cert_dir: Path | None = None
+) -> str:
     """The engine image built here, the site's builder, once per cache key (`archive_key`: every
     input of the build); later calls find it by the ID recorded beside the key. Returns its tag.
 
@@ -160,6 +177,15 @@ def build_on_controller(profile: Profile, *, context: Path, wheels: Path, lock: 
         if _podman("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip() == built_id:
             return tag
     base_image(profile)
+    base = profile.engine.image.base  # type: ignore[union-attr]
+    if base.digest.resolved and cert_dir is not None:  # a base in the site's registry: taken by its digest
+        pulled = _podman(
+            "pull", "--quiet", "--cert-dir", str(cert_dir), f"{base.name.rsplit(':', 1)[0]}@{base.digest.value}"
+        )
+        if pulled.returncode != 0:
+            raise SpecdeployError(
+                f"cannot pull the base {base.name}@{base.digest.value}: {pulled.stderr.strip()[-300:]}"
+            )
     ctx = build_context(profile, context=context, wheels=wheels, dest=cache_dir() / "images" / f"context-{key}")
     try:
         result = images.build(profile, lock=lock, context=ctx, podman=PODMAN)
