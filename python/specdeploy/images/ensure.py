@@ -351,6 +351,7 @@ def ensure(
         )
     labels = check(tag, profile, lock=lock, podman=podman)
     image_id = f"sha256:{build.local_id(tag, podman)}"
+    keep_name(tag, image_id, podman)
     if all(label.ok for label in labels):  # never record the ID of an image that failed its check
         build.record_image_id(lock, profile, image_id, by=f"image ensure ({action})")
         record_base_digest(profile, labels, lock, by=f"image ensure ({action}): the image's base label")
@@ -362,3 +363,19 @@ def _at_digest(tag: str, profile: Profile, digest: str, podman: str) -> bool:
     assert profile.engine.image is not None
     pinned = podman_run(podman, "image", "inspect", "--format", "{{.Id}}", f"{profile.engine.image.name}@{digest}")
     return pinned.returncode == 0 and pinned.stdout.strip() == build.local_id(tag, podman)
+
+
+ID_TAG = "id-"  # NAME:id-<12 hex of the image ID>: the tag that keeps an image's NAME@DIGEST resolvable
+
+
+def keep_name(tag: str, image_id: str, podman: str) -> None:
+    """Tag the image `NAME:id-<its ID>` as well. The engine unit runs `NAME@DIGEST`, which podman
+    resolves only while the image has a name in NAME's repository; the version tag moves to the next
+    image a deploy builds or pulls, and without a name of its own the previous image — the one the
+    rollback puts back — would no longer start ("pinging container registry localhost")."""
+    name = tag.rsplit(":", 1)[0]
+    done = podman_run(
+        podman, "tag", image_id.removeprefix("sha256:"), f"{name}:{ID_TAG}{image_id.removeprefix('sha256:')[:12]}"
+    )
+    if done.returncode != 0:
+        raise ImageError(f"podman tag {image_id} failed: {done.stderr.strip()[-300:]}")
