@@ -195,6 +195,12 @@ def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_
     status = host.ssh(f"podman exec {layout.UNIT_NAME} cat /proc/1/status").stdout
     assert re.search(r"^CapEff:\s+0+$", status, re.M) and re.search(r"^NoNewPrivs:\s+1$", status, re.M), status
     assert host.ssh(f"podman exec {layout.UNIT_NAME} touch /written", check=False).returncode != 0
+    # the GPU profiles pin trixie's podman and catatonit: what this trixie host (debootstrapped from
+    # deb.debian.org) has installed, read again on every run
+    installed = dict(line.split("\t") for line in host.ssh("dpkg-query -W podman catatonit").stdout.splitlines())
+    for name in ("a6000-dflash", "a6000-dflash-stock", "a6000-mtp"):
+        pinned = load_profile(name).host.packages  # type: ignore[union-attr]
+        assert {pkg: pinned[pkg].value for pkg in installed} == installed, name
     # the API key guards the API: 401 without it, 200 with it
     assert _status(rig, "/v1/models", key=None) == 401
     assert _status(rig, "/v1/models", key=API_KEY) == 200

@@ -236,9 +236,8 @@ def test_gpu_runtime_gets_exact_package_versions_and_refuses_what_the_profile_le
     from specdeploy.profile.facts import host_pins
 
     pins = host_pins(load_profile("a6000-dflash"))
-    assert pins["pinned"] == {"podman": "podman=5.4.2+ds1-2+b2"}
+    assert pins["pinned"] == {"podman": "podman=5.4.2+ds1-2+b2", "catatonit": "catatonit=0.2.1-2+b14"}
     assert set(pins["unresolved"]) == {
-        "catatonit",
         "nvidia-container-toolkit",
         "nvidia-container-toolkit-base",
         "libnvidia-container-tools",

@@ -278,14 +278,14 @@ def test_the_container_rehearsal_differs_from_cpu_rehearsal_only_on_the_producti
     """cpu-rehearsal-container is the main job's profile: cpu-rehearsal's engine, models, flags and
     gate, run the way a GPU host runs its engine (container image, listen address inside it, API
     key), with the models' revisions pinned from the hub at run time and the drafter gated, and the
-    host's podman and image disk added. Anything else differing would make the two rehearsals test
+    host.s podman (its version pinned) and image disk added. Anything else differing would make the two rehearsals test
     different stacks."""
     base, container = _raw("cpu-rehearsal"), _raw("cpu-rehearsal-container")
     production_path = (
         "name", "description",
         "engine.runtime", "engine.image", "engine.serve.host", "engine.serve.api_key",
         "target.revision", "drafter.revision", "drafter.gated",
-        "host.podman_min", "host.disk.images_gib",
+        "host.podman_min", "host.packages", "host.disk.images_gib",
     )  # fmt: skip
     assert _without(container, *production_path) == _without(base, *production_path)
     profile = load_profile("cpu-rehearsal-container")
