@@ -232,54 +232,64 @@ def test_a_pin_bump_goes_through_lock_update_and_a_deploy_and_an_edited_host_loc
     host: Host, tmp_path: Path, wheelhouse: Path, weights: Path
 ) -> None:
     """Issue 21, item 4, on the deployed host and the site's lock beside the inventory. The
-    cheapest real pin bump (no image, no weights): the drafter's expected vocab_size is no longer
-    pinned. Deployed as is, the play refuses before any stage, naming the pin and `lock update`;
-    `lock update` shows the pin and the entry it makes stale (the drafter config's hash) and
-    writes the lock; the deploy then passes its gate, write-config records the hash again and the
-    fetch-back puts it in the site's lock, which the host then holds byte for byte. Then the host's
-    lock is edited by hand: the next play is refused before any stage, naming the entry, the
-    host's value and the site's, and the host is left as it was."""
+    cheapest real pin bump (no image, no weights): the drafter config's canonical sha256, until
+    now recorded in the lock by the first write-config, is pinned in the profile (as a site does
+    once it has reviewed the file). Deployed as is, the play refuses before any stage, naming the
+    pin and `lock update`; `lock update` shows the pin and the entry it makes stale and writes the
+    lock (the old value superseded); the deploy then passes its gate against the pinned hash, and
+    the host holds the site's lock byte for byte. Then the host's lock is edited by hand: the next
+    play is refused before any stage, naming the entry, the host's value and the site's, and the
+    host is left as it was."""
     site = _site(host) / "specdeploy.lock"
     profiles = _keyed_profiles(tmp_path)  # the stack the previous test deployed
     path = profiles / "cpu-rehearsal.yaml"
-    data = yaml.safe_load(path.read_text())
-    data["drafter"]["config"]["expected"]["vocab_size"] = {"provenance": "unresolved", "source": "a pin bump test"}
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
     key = "drafter.config.canonical_sha256"
     recorded = json.loads(site.read_text())["profiles"]["cpu-rehearsal"][key]
+    data = yaml.safe_load(path.read_text())
+    data["drafter"]["config"]["canonical_sha256"] = {
+        "value": recorded["value"],
+        "provenance": "verified",
+        "source": "the lock's first write-config, reviewed (a pin bump test)",
+    }
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
 
     refused, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=profiles)
     assert refused.returncode != 0 and report is None, refused.stdout[-4000:]
-    assert "drafter.config.expected.vocab_size: locked for 640, the profile has None" in refused.stdout
-    assert "specdeploy lock update --profile cpu-rehearsal" in refused.stdout
+    text = " ".join(refused.stdout.split())
+    assert f"{key}: locked for None, the profile has '{recorded['value']}'" in text, refused.stdout[-3000:]
+    assert "specdeploy lock update --profile cpu-rehearsal" in text
     assert not any(t.startswith(("weights :", "engine :")) for t in deploy.changed_tasks(refused.stdout))
 
     shown = _controller_cli("lock", "update", "--profile", path, "--lock", site, "--json")
     assert shown.returncode == 0, shown.stderr
     plan = json.loads(shown.stdout)
-    assert [c["pin"] for c in plan["changed_pins"]] == ["drafter.config.expected.vocab_size"]
+    assert [c["pin"] for c in plan["changed_pins"]] == [key]
     assert [s["key"] for s in plan["stale_entries"]] == [key] and plan["written"] is True
 
     run, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=profiles)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert report is not None and report["verdict"] == "pass"
     lock = json.loads(site.read_text())
-    again = lock["profiles"]["cpu-rehearsal"][key]
-    assert again["value"] == recorded["value"] and again["recorded_at"] >= recorded["recorded_at"]
-    assert "superseded" not in lock  # the value resolved again is current, not superseded
+    assert key not in lock["profiles"]["cpu-rehearsal"]  # the profile pins it now: no stage records it
+    assert lock["superseded"]["cpu-rehearsal"][key] == [recorded["value"]]
     assert host.ssh(f"cat {DEFAULT.lock}").stdout == site.read_text()
     assert host.ssh(f"stat -c '%a %U' {DEFAULT.lock}").stdout.strip() == "644 root"
 
+    key = "drafter.files@" + json.loads(site.read_text())["pins"]["cpu-rehearsal"]["values"]["drafter.revision"]
+    recorded = lock["profiles"]["cpu-rehearsal"][key]
+    # a hand edit on the host: one file's verified hash in the drafter revision's entry
     edited = "0" * 64
     host.ssh(
         f"python3 -c \"import json; p='{DEFAULT.lock}'; d=json.load(open(p)); "
-        f"d['profiles']['cpu-rehearsal']['{key}']['value']='{edited}'; json.dump(d, open(p, 'w'))\""
+        f"v=d['profiles']['cpu-rehearsal']['{key}']['value']; v[next(iter(v))]='{edited}'; "
+        "json.dump(d, open(p, 'w'))\""
     )
     started, edited_lock = _engine_started(host), host.ssh(f"cat {DEFAULT.lock}").stdout
     refused, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=profiles)
     assert refused.returncode != 0 and report is None, refused.stdout[-4000:]
     text = " ".join(refused.stdout.split())
-    assert f"cpu-rehearsal/{key}: host '{edited}'" in text and f"site '{recorded['value']}'" in text
+    assert f"cpu-rehearsal/{key}: host " in text and "site " in text, text[-3000:]
+    assert edited[:20] in text and recorded["value"][next(iter(recorded["value"]))][:20] in text
     assert "remove the host's lock" in text
     assert host.ssh(f"cat {DEFAULT.lock}").stdout == edited_lock and _engine_started(host) == started
     host.ssh(f"rm {DEFAULT.lock}")  # the fix the refusal names: the next deploy pushes the site's lock
