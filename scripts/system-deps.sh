@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # System packages the tests need (Debian): podman + runc for image builds and disposable
 # test hosts, busybox-static and debootstrap for local base images, nix-bin to parse the
-# flake, git-lfs for the hub-mirror repositories of the fetch tests, python3 (with venv) for
-# scripts/setup.sh. Installs only what is missing; needs root (CI and these machines run as root).
+# flake, git-lfs for the hub-mirror repositories of the fetch tests, prometheus for promtool (the
+# alert rules' tests), python3 (with venv) for scripts/setup.sh. Installs only what is missing;
+# needs root (CI and these machines run as root).
 # tests/unit/test_programs.py checks every program the tests and scripts run is installed here
 # (or says where else it comes from).
 set -euo pipefail
@@ -19,6 +20,9 @@ command -v ssh >/dev/null || need+=(openssh-client)
 command -v flock >/dev/null || need+=(util-linux)
 # gcc: the CUDA guard's tests link real ELF objects (a stub libcudart.so.N and an extension needing it).
 command -v gcc >/dev/null || need+=(gcc)
+# promtool checks and unit-tests the alert rules (monitoring/): Debian ships it in `prometheus`
+# (bookworm 2.42.0, 19 MB; the server's binary comes along, never started for the tests).
+command -v promtool >/dev/null || need+=(prometheus)
 # python3 builds the venv (scripts/setup.sh); `python3 -m venv` needs ensurepip: Debian's python3-venv.
 command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
@@ -30,4 +34,9 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+  # Where systemd runs, the prometheus package enables and starts its server (port 9090): only
+  # promtool is wanted here.
+  if [[ " ${need[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now prometheus.service >&2 || true
+  fi
 fi
