@@ -14,6 +14,7 @@ import typer
 
 from specdeploy.cli import base, drafter, engine, gate, host, images, profile, rehearsal, rollback, smoke, weights
 from specdeploy.cli import lock as lock_cli
+from specdeploy.cli import watch as watch_cli
 
 app = typer.Typer(
     cls=base.Boundary,
@@ -38,6 +39,7 @@ def root(
 
 for module in (profile, host, images, weights, drafter, engine, smoke, rollback, gate, rehearsal, lock_cli):
     module.register(app)
+watch_cli.register(app)  # after the deploy: the light gate the host's timer runs
 
 
 def main() -> None:

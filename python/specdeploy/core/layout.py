@@ -18,9 +18,19 @@ the same `--models-dir`, `--serving-dir`, `--state-dir`, `--cache-dir`.
     <state>/runs/<run-id>/gate.json     every gate run's report, with the profile and lock it ran with
     <state>/verified -> runs/<run-id>   the last run whose gate passed
     <state>/secrets/<name>              the API key (root, mode 0600): podman secret / systemd credential source
+    <state>/watch/result.json           the last light gate's result (`specdeploy watch run`, the timer's)
+    <state>/watch/counters.json         the engine's speculative-decoding counters as that light gate read
+                                        them: the next one judges the difference (acceptance since then)
+    <state>/watch/config.json           the light gate's host settings: the textfile and the failure hook
+                                        (the watch role writes it from the inventory)
+    <state>/watch/lock                  held while a light gate runs
     <cache>/                            the engine's writable cache (container profiles)
     /opt/specdeploy/                    the CLI's venv, wheelhouse, profiles, image build context
     /opt/specdeploy/engines/<pkg>-<version>-<sha12>/   one engine venv per engine archive (venv runtime)
+    /opt/specdeploy/monitoring/alerts.yml   the Prometheus alert rules shipped with the bundle
+    /etc/systemd/system/specdeploy-watch.{service,timer}   the light gate and its timer
+    /var/lib/prometheus/node-exporter/specdeploy.prom  the light gate's textfile (node_exporter's textfile
+                                        collector; Debian's default directory; the inventory may move it)
 """
 
 from __future__ import annotations
@@ -65,6 +75,17 @@ UNIT_HEADER = "# Managed by specdeploy from profile {name}: do not edit; change 
 # Names the copy of the profile a unit was rendered from, so a rollback proves the restored
 # stack with the thresholds it was deployed with.
 UNIT_PROFILE_LINE = "# specdeploy-profile-file: "
+
+# The light gate after the deploy (`specdeploy watch run`): a oneshot service and the timer that
+# starts it, plain systemd units beside the engine's.
+WATCH_UNIT_NAME = "specdeploy-watch"
+WATCH_UNIT_FILES = {
+    "service": Path("/etc/systemd/system") / f"{WATCH_UNIT_NAME}.service",
+    "timer": Path("/etc/systemd/system") / f"{WATCH_UNIT_NAME}.timer",
+}
+# node_exporter's textfile collector reads *.prom files from one directory: Debian's
+# prometheus-node-exporter defaults to this one (docs/sources.md#watch).
+DEFAULT_TEXTFILE = Path("/var/lib/prometheus/node-exporter") / "specdeploy.prom"
 
 DRAFTER_SERVING = "drafter"  # under <serving>
 TARGET_SERVING = "target"
@@ -142,6 +163,27 @@ class HostLayout:
         return self.secrets / name
 
     @property
+    def watch(self) -> Path:
+        """The light gate's own state (`specdeploy watch run`)."""
+        return self.state / "watch"
+
+    @property
+    def watch_result(self) -> Path:
+        return self.watch / "result.json"
+
+    @property
+    def watch_counters(self) -> Path:
+        return self.watch / "counters.json"
+
+    @property
+    def watch_config(self) -> Path:
+        return self.watch / "config.json"
+
+    @property
+    def watch_lock(self) -> Path:
+        return self.watch / "lock"
+
+    @property
     def drafter_serving(self) -> Path:
         return self.serving / DRAFTER_SERVING
 
@@ -179,6 +221,11 @@ class InstallLayout:
     @property
     def venv(self) -> Path:
         return self.root / "venv"
+
+    @property
+    def monitoring(self) -> Path:
+        """The alert rules shipped with the bundle (the watch role copies them here)."""
+        return self.root / "monitoring"
 
     @property
     def engines(self) -> Path:

@@ -52,8 +52,15 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
-def run(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, limit: int = OUTPUT_LIMIT) -> Finished:
-    """Run `argv` (stdin closed) and return its exit code and output, or raise ProgramRunError."""
+def run(
+    argv: list[str],
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    limit: int = OUTPUT_LIMIT,
+    env: dict[str, str] | None = None,
+) -> Finished:
+    """Run `argv` (stdin closed) and return its exit code and output, or raise ProgramRunError.
+    `env`: the program's whole environment (None: this process's)."""
     program = argv[0] if argv else ""
     shown = " ".join(argv)
     if not program:
@@ -65,6 +72,7 @@ def run(argv: list[str], *, timeout: float = DEFAULT_TIMEOUT_S, limit: int = OUT
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            env=env,
         )
     except FileNotFoundError:
         raise ProgramRunError(f"{program} not found", reason="missing") from None

@@ -528,6 +528,47 @@ class WeightsSpec(_Strict):
     )
 
 
+class WatchSpec(_Strict):
+    """The light gate a systemd timer runs on each host after the deploy (`specdeploy watch run`,
+    README "Watching after the deploy"): the profile's known answers, the served identity, and the
+    acceptance the engine's counters show since the previous light gate. It reports and calls the
+    host's hook; it never restarts or rolls back anything.
+
+    Failure prevented: acceptance collapsed after a deploy and nobody noticed for hours — a gate
+    that runs only at deploy time cannot see what happens after it."""
+
+    interval_s: int = Field(
+        900,
+        ge=60,
+        le=86400,
+        description="seconds between two light gates (the timer's OnUnitActiveSec=); default 900 (15 min)",
+    )
+    readiness_timeout_s: float = Field(
+        60,
+        gt=0,
+        description="how long a light gate waits for the engine to answer before it reports `error` (default 60; "
+        "an engine that is restarting after a crash loads its weights for minutes: that is a finding)",
+    )
+    timeout_s: float = Field(
+        600,
+        gt=0,
+        description="the whole run's ceiling, hook included (the service's TimeoutStartSec=); default 600",
+    )
+    acceptance_length_min: float | None = Field(
+        None,
+        gt=1,
+        description="mean acceptance length since the previous light gate below which it fails (a collapse); "
+        "default: the smoke's acceptance_length.min. Live traffic may accept less than the smoke's fixed "
+        "prompts, so a profile may set a lower floor here",
+    )
+    min_drafts: int = Field(
+        50,
+        ge=1,
+        description="drafts since the previous light gate below which acceptance is not judged (too little "
+        "traffic to tell; default 50). Requests that finished with no draft at all fail (speculation is off)",
+    )
+
+
 class Profile(_Strict):
     schema_version: Literal[1]
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
@@ -538,6 +579,7 @@ class Profile(_Strict):
     smoke: SmokeSpec
     host: HostSpec | None = None
     weights: WeightsSpec = Field(default_factory=WeightsSpec)
+    watch: WatchSpec = Field(default_factory=WatchSpec)
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:
@@ -573,7 +615,20 @@ class Profile(_Strict):
                 f"largest possible acceptance length {ceiling} (draft tokens + 1): the band's "
                 "upper edge is what catches token loops, so it must sit below that ceiling"
             )
+        floor = self.watch.acceptance_length_min
+        if floor is not None and floor >= self.smoke.acceptance_length.max:
+            raise ValueError(
+                f"watch.acceptance_length_min {floor} is not below smoke.acceptance_length.max "
+                f"{self.smoke.acceptance_length.max}: every healthy stack would fail the light gate"
+            )
         return self
+
+    @property
+    def watch_acceptance_floor(self) -> float:
+        """The mean acceptance length below which the light gate fails: the profile's
+        watch.acceptance_length_min, else the smoke's band's lower edge."""
+        floor = self.watch.acceptance_length_min
+        return floor if floor is not None else self.smoke.acceptance_length.min
 
     @property
     def uses_gpus(self) -> bool:
