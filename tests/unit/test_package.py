@@ -25,6 +25,7 @@ STAGES = (
     "smoke",
     "rollback",
     "gate",
+    "watch",
     "rehearsal",
     "cli",
 )

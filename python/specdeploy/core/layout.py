@@ -67,9 +67,10 @@ ENGINE_WHEELS_IN_CONTEXT = "engine-wheels.tar"
 SECRETS_IN_CONTAINER = "/run/secrets"
 # Where each runtime's unit lives: podman's quadlet generator reads .container files from
 # /etc/containers/systemd; a plain service lives with systemd's other local units.
+SYSTEMD_UNIT_DIR = Path("/etc/systemd/system")
 UNIT_FILES = {
     "container": Path("/etc/containers/systemd") / f"{UNIT_NAME}.container",
-    "venv": Path("/etc/systemd/system") / f"{UNIT_NAME}.service",
+    "venv": SYSTEMD_UNIT_DIR / f"{UNIT_NAME}.service",
 }
 UNIT_HEADER = "# Managed by specdeploy from profile {name}: do not edit; change the profile and re-run the deploy."
 # Names the copy of the profile a unit was rendered from, so a rollback proves the restored
@@ -80,8 +81,8 @@ UNIT_PROFILE_LINE = "# specdeploy-profile-file: "
 # starts it, plain systemd units beside the engine's.
 WATCH_UNIT_NAME = "specdeploy-watch"
 WATCH_UNIT_FILES = {
-    "service": Path("/etc/systemd/system") / f"{WATCH_UNIT_NAME}.service",
-    "timer": Path("/etc/systemd/system") / f"{WATCH_UNIT_NAME}.timer",
+    "service": SYSTEMD_UNIT_DIR / f"{WATCH_UNIT_NAME}.service",
+    "timer": SYSTEMD_UNIT_DIR / f"{WATCH_UNIT_NAME}.timer",
 }
 # node_exporter's textfile collector reads *.prom files from one directory: Debian's
 # prometheus-node-exporter defaults to this one (docs/sources.md#watch).
