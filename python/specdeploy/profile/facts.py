@@ -88,6 +88,19 @@ def deploy_facts(
         # what gpu_runtime installs, by exact version, and the image it pulls, by digest (issue 21):
         # `pinned` holds `name=version` for apt, `unresolved` each unpinned package's source (refused)
         "host": host_pins(profile),
+        # the light gate after the deploy (the watch role): where its settings, result and units go;
+        # its interval and thresholds stay in the profile, which `specdeploy watch units` reads
+        "watch": {
+            "dir": str(host.watch),
+            "config": str(host.watch_config),
+            "result": str(host.watch_result),
+            "textfile": str(layout.DEFAULT_TEXTFILE),
+            "unit_dir": str(layout.SYSTEMD_UNIT_DIR),
+            "service": layout.WATCH_UNIT_FILES["service"].name,
+            "timer": layout.WATCH_UNIT_FILES["timer"].name,
+            "alert_rules": str(install.monitoring / "alerts.yml"),
+            "interval_s": profile.watch.interval_s,
+        },
         "unit": {
             "name": layout.UNIT_NAME,
             "file": str(layout.UNIT_FILES[profile.engine.runtime]),
