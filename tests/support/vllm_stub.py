@@ -41,6 +41,7 @@ class VLLMStub:
     speculating: bool = True
     answers: dict[str, str] = field(default_factory=lambda: dict(ANSWERS))
     api_key: str | None = None  # when set, /v1/* answers 401 without `Authorization: Bearer <key>`
+    overrides: dict[str, tuple[int, Any]] = field(default_factory=dict)  # "GET /metrics": (200, "garbage")
     drafts: float = 0.0
     draft_tokens: float = 0.0
     accepted: float = 0.0
@@ -97,6 +98,8 @@ class VLLMStub:
         return "\n".join(lines) + "\n"
 
     def answer(self, method: str, path: str, body: dict[str, Any], authorization: str | None) -> tuple[int, Any]:
+        if f"{method} {path}" in self.overrides:
+            return self.overrides[f"{method} {path}"]
         if path.startswith("/v1/") and self.api_key and authorization != f"Bearer {self.api_key}":
             return 401, {"error": "Unauthorized"}
         if (method, path) == ("GET", "/health"):

@@ -46,9 +46,16 @@ def print_result(result: dict[str, Any]) -> None:
         table.add_row(*output.cells(check["name"], output.status(check["status"]), output.text(check["summary"])))
     table.add_row(*output.cells("verdict", output.status(result["verdict"]), output.text(result["message"])))
     output.out.print(table)
-    for check in result.get("checks") or []:
-        if check["status"] in ("fail", "error") and check.get("hint"):
-            output.fix(check["hint"], subject=check["name"])
+    hinted = [c for c in result.get("checks") or [] if c["status"] in ("fail", "error") and c.get("hint")]
+    for check in hinted:
+        output.fix(check["hint"], subject=check["name"])
+    if result["verdict"] == "fail" and not hinted:
+        output.fix(
+            f"`specdeploy smoke --profile {result.get('profile_file')} --endpoint {result.get('endpoint')}` gives the "
+            "smoke's full diagnosis; the light gate changed nothing: put a good stack back with the deploy"
+        )
+    if result.get("hint"):
+        output.fix(result["hint"])
     if result.get("snapshot_problem"):
         output.out.print(output.line("note: ", result["snapshot_problem"]), highlight=False)
     textfile = result.get("textfile") or {}

@@ -60,8 +60,7 @@ class HostConfig:
 
 
 def _bad(path: Path, key: str, expected: str, found: Any) -> InputFileError:
-    shown = found if isinstance(found, str) else type(found).__name__ if not isinstance(found, int | float) else found
-    return InputFileError(f"{CONFIG} {path}: field {key}: expected {expected}, found {shown!r}", hint=CONFIG_HINT)
+    return InputFileError(f"{CONFIG} {path}: field {key}: expected {expected}, found {found!r}", hint=CONFIG_HINT)
 
 
 def check_textfile(value: Any, origin: str) -> Path:
@@ -119,15 +118,20 @@ def load_config(path: Path) -> HostConfig:
     InputFileError naming the file, the field, what was expected and found."""
     if not path.exists() and not path.is_symlink():
         return HostConfig()
-    record = files.expect_mapping(files.read_json(path, what=CONFIG, hint=CONFIG_HINT), str(path), what=CONFIG)
+    try:
+        record = files.expect_mapping(files.read_json(path, what=CONFIG, hint=CONFIG_HINT), str(path), what=CONFIG)
+    except InputFileError as exc:  # not a file, not JSON, not an object: the same fix
+        raise InputFileError(exc.message, hint=CONFIG_HINT) from None
     unknown = sorted(set(record) - set(KEYS))
     if unknown:
         raise InputFileError(
             f"{CONFIG} {path}: unknown field(s) {unknown}: expected only {list(KEYS)}", hint=CONFIG_HINT
         )
     origin = f"{CONFIG} {path}"
-    raw = record.get("textfile", str(layout.DEFAULT_TEXTFILE))
-    textfile = None if raw is None else check_textfile(raw, origin)
+    # absent: the default, whose directory appears when node_exporter is installed (a textfile that
+    # cannot be written is recorded in the result); named: it must be usable now
+    raw = record.get("textfile", ...)
+    textfile = layout.DEFAULT_TEXTFILE if raw is ... else None if raw is None else check_textfile(raw, origin)
     hook = check_hook(record.get("hook", []), origin)
     timeout = record.get("hook_timeout_s", DEFAULT_HOOK_TIMEOUT_S)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):

@@ -102,6 +102,7 @@ class WatchResult:
     endpoint: str | None = None
     verdict: Verdict = Verdict.running
     message: str = "the light gate is running (a process that died leaves this: no verdict)"
+    hint: str | None = None  # what to do, when the run itself could not test
     checks: list[Stage] = field(default_factory=list)
     counters: dict[str, Any] | None = None  # the engine's counter totals now (re-exported)
     interval: dict[str, Any] | None = None  # what they moved by since the previous light gate
@@ -138,6 +139,7 @@ class WatchResult:
             "verdict": self.verdict.value,
             "exit_code": self.exit_code,
             "message": self.message,
+            "hint": self.hint,
             "checks": [asdict(c) | {"status": c.status.value} for c in self.checks],
             "counters": self.counters,
             "interval": self.interval,
@@ -481,7 +483,7 @@ def run_watch(host: layout.HostLayout, options: WatchOptions | None = None) -> W
             result.message = f"interrupted ({exc or 'SIGINT'}) before a verdict; the hook was not called"
         except SpecdeployError as exc:  # no profile, a bad one, an unreadable key: could not test (exit 2)
             result.verdict = Verdict.error
-            result.message = f"could not test: {exc.message}" + (f" (fix: {exc.hint})" if exc.hint else "")
+            result.message, result.hint = f"could not test: {exc.message}", exc.hint
         except BaseException as exc:  # a bug: recorded, then the CLI's boundary reports it (exit 70)
             result.verdict, result.error_exit = Verdict.error, 70
             result.message = f"the light gate itself failed ({type(exc).__name__}: {exc})"
@@ -529,12 +531,16 @@ def load_result(host: layout.HostLayout) -> dict[str, Any]:
             f"{RESULT} {path}: no light gate has run with this state directory",
             hint="run `specdeploy watch run` (the timer runs it every watch.interval_s), or pass --state-dir",
         )
-    record = files.expect_mapping(files.read_json(path, what=RESULT), str(path), what=RESULT)
+    hint = "run `specdeploy watch run` again: it replaces the file"
+    try:
+        record = files.expect_mapping(files.read_json(path, what=RESULT), str(path), what=RESULT)
+    except InputFileError as exc:
+        raise InputFileError(exc.message, hint=hint) from None
     for key in ("verdict", "checks", "message"):
         if key not in record:
             raise InputFileError(
                 f"{RESULT} {path}: field {key}: expected it in the light gate's result, found no such field",
-                hint="run `specdeploy watch run` again: it replaces the file",
+                hint=hint,
             )
     return record
 
