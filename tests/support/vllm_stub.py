@@ -48,6 +48,8 @@ class VLLMStub:
     requests: float = 0.0
     per_position: list[float] = field(default_factory=list)
     process_start: float = field(default_factory=lambda: float(int(time.time()) - 3600))
+    created: float = field(default_factory=lambda: float(int(time.time()) - 3500))
+    export_process_start: bool = True  # a real vLLM's /metrics may lack it (multiprocess mode)
     seen: list[str] = field(default_factory=list)
     authorizations: list[str | None] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -78,23 +80,24 @@ class VLLMStub:
             self.drafts = self.draft_tokens = self.accepted = self.requests = 0.0
             self.per_position = [0.0] * self.k
             self.process_start += 600.0
+            self.created += 600.0
 
     def metrics(self) -> str:
         lines = []
         for name, value in (
-            ("vllm:spec_decode_num_drafts_total", self.drafts),
-            ("vllm:spec_decode_num_draft_tokens_total", self.draft_tokens),
-            ("vllm:spec_decode_num_accepted_tokens_total", self.accepted),
+            ("vllm:spec_decode_num_drafts", self.drafts),
+            ("vllm:spec_decode_num_draft_tokens", self.draft_tokens),
+            ("vllm:spec_decode_num_accepted_tokens", self.accepted),
         ):
-            if self.speculating:
-                lines += [f"# TYPE {name} counter", f"{name}{{{LABELS}}} {value}"]
+            if self.speculating:  # as a real vLLM writes them: each counter with its creation time
+                lines += [f"{name}_total{{{LABELS}}} {value}", f"{name}_created{{{LABELS}}} {self.created}"]
         name = "vllm:request_success_total"
-        lines += [f"# TYPE {name} counter", f'{name}{{{LABELS},finished_reason="stop"}} {self.requests}']
+        lines += [f'{name}{{{LABELS},finished_reason="stop"}} {self.requests}']
         if self.speculating:
             name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-            lines.append(f"# TYPE {name} counter")
             lines += [f'{name}{{{LABELS},position="{p}"}} {v}' for p, v in enumerate(self.per_position)]
-        lines += ["# TYPE process_start_time_seconds gauge", f"process_start_time_seconds {self.process_start}"]
+        if self.export_process_start:
+            lines += ["# TYPE process_start_time_seconds gauge", f"process_start_time_seconds {self.process_start}"]
         return "\n".join(lines) + "\n"
 
     def answer(self, method: str, path: str, body: dict[str, Any], authorization: str | None) -> tuple[int, Any]:

@@ -30,10 +30,12 @@ from typer.testing import CliRunner
 from specdeploy.cli import app
 from specdeploy.core import layout
 from specdeploy.profile import load_profile, resolve_profile_path
+from specdeploy.smoke import metrics
 from specdeploy.watch import counters, hook, textfile, units
 from specdeploy.watch import run as watch
 
 CANARY_KEY = "sk-CANARY-watch-" + "5e1f" * 8
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -172,6 +174,46 @@ def test_a_restart_that_counted_past_the_kept_values_is_seen_by_the_process_star
     after = _snapshot(1900.0, 800, 1400, (700, 450, 250), start=1500.0)
     span = counters.interval(before, after)
     assert span.reset and "restarted" in span.reset and span.drafts == 800 and span.since == 1500.0
+
+
+def _recorded(block: str) -> counters.Snapshot:
+    """The `/metrics` lines of tests/data/gpu-vllm-0.26/dfauto.txt (real vLLM 0.26.0 on an H200,
+    serving the random DFlash drafter) before or after its requests."""
+    text = (DATA / "gpu-vllm-0.26" / "dfauto.txt").read_text()
+    part = text.split(f"--- metrics {block} ---\n", 1)[1].split("\n---", 1)[0]
+    lines = [line for line in part.splitlines() if line.startswith("vllm:")]
+    return counters.read(metrics.parse("\n".join(lines) + "\n"), taken_at=0.0 if block == "before" else 60.0)
+
+
+def test_a_real_vllm_s_counters_of_a_random_drafter_fail_the_light_gate() -> None:
+    """Counters recorded on a real vLLM 0.26.0 (a random DFlash drafter: 73 drafts, none
+    accepted) read as the light gate reads them: the same counter creation time (no restart in
+    between), mean acceptance length 1.0, a collapse below cpu-rehearsal's floor."""
+    before, after = _recorded("before"), _recorded("after")
+    assert before.created is not None and before.created == after.created
+    span = counters.interval(before, after)
+    assert span.reset is None and (span.drafts, span.draft_tokens, span.accepted) == (73, 219, 0)
+    stage = watch.judge_acceptance(load_profile("cpu-rehearsal"), span)
+    assert stage.status is watch.Status.failed
+    assert "mean acceptance length 1.00 over 73 drafts" in stage.summary and "position 0 accepted 0%" in stage.summary
+
+
+def test_a_restart_is_seen_by_the_counters_creation_time_without_a_process_start_time(
+    engine: Callable, unit_state: dict, tmp_path: Path
+) -> None:
+    """vLLM's /metrics may carry no process_start_time_seconds; each counter's `_created` time
+    (which a real vLLM exports) still tells a restarted engine that has since counted past the
+    kept values."""
+    stub, url = engine(export_process_start=False)
+    host = layout.local_layout(tmp_path / "state")
+    assert watch.run_watch(host, _options(url, tmp_path)).verdict is watch.Verdict.passed
+    kept = stub.drafts
+    stub.restart()
+    stub.serve_requests(30)
+    assert stub.drafts > kept  # the values alone show no reset
+    result = watch.run_watch(host, _options(url, tmp_path))
+    assert result.interval and "counters were created" in result.interval["counter_reset"]
+    assert result.interval["drafts"] == stub.drafts
 
 
 def test_without_an_earlier_snapshot_the_interval_runs_from_the_engine_s_start() -> None:

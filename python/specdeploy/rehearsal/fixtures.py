@@ -200,11 +200,12 @@ def build_target(profile: Profile, *, trained: bool = True, seed: int = 1) -> Pa
     return _build_qwen3("target", layers, hidden, vocab, seed, TARGET_TRAIN_STEPS if trained else 0)
 
 
-def build_draft_model(profile: Profile, seed: int = 2) -> Path:
+def build_draft_model(profile: Profile, seed: int = 2, *, trained: bool = True) -> Path:
     """A smaller Qwen3 sharing the target's tokenizer, trained less: the `draft_model`
-    drafter, with high but imperfect acceptance."""
+    drafter, with high but imperfect acceptance. `trained=False` gives the same shape with random
+    weights (acceptance ~1.0): a drafter changed on disk under the same name."""
     layers, hidden, vocab = (profile.drafter_expected(n) for n in ("num_hidden_layers", "hidden_size", "vocab_size"))
-    return _build_qwen3("draft", layers, hidden, vocab, seed, DRAFT_TRAIN_STEPS)
+    return _build_qwen3("draft", layers, hidden, vocab, seed, DRAFT_TRAIN_STEPS if trained else 0)
 
 
 # The drafter fields dflash_config_for reads from the profile (its cache key).

@@ -10,7 +10,8 @@ again at 0. That is detected and reported, and the interval is measured from the
 counts since), never as a negative difference: Prometheus's `increase()` treats a counter reset
 the same way. vLLM's `process_start_time_seconds`, where its /metrics carries it, also reveals a
 restart the counters alone would hide (an engine that restarted and has since counted past the
-kept values).
+kept values), and so does the creation time a real vLLM exports beside each counter
+(`vllm:spec_decode_num_drafts_created`, recorded on vLLM 0.26.0: tests/data/gpu-vllm-0.26/dfauto.txt).
 
 Without a usable earlier snapshot (the first light gate, or a file that cannot be read) the
 interval runs from the engine's start: the counts themselves.
@@ -36,6 +37,8 @@ COUNTERS = {
     "requests": metrics.REQUESTS_FINISHED,
 }
 PROCESS_START = "process_start_time_seconds"
+# prometheus_client exports each counter's creation time as <name>_created: a new one, a new engine
+CREATED = metrics.DRAFTS.removesuffix("_total") + "_created"
 SNAPSHOT = "counter snapshot"
 SNAPSHOT_HINT = "nothing to do: the light gate keeps this file itself and replaces it on its next run"
 
@@ -48,6 +51,7 @@ class Snapshot:
     counters: dict[str, float]  # COUNTERS' names
     per_position: tuple[float, ...]  # accepted tokens per draft position
     process_start: float | None = None  # the engine's process_start_time_seconds, where exported
+    created: float | None = None  # when the drafts counter was created (vLLM's <counter>_created)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +59,7 @@ class Snapshot:
             "counters": dict(self.counters),
             "accepted_per_position": list(self.per_position),
             "process_start_time": self.process_start,
+            "counters_created": self.created,
         }
 
 
@@ -84,14 +89,19 @@ def read(samples: metrics.Samples, *, taken_at: float, where: str = "GET /metric
             metrics.ACCEPTED_PER_POS, value, where
         )
     width = max(by_position, default=-1) + 1
-    started = samples.get(PROCESS_START, {})
-    process_start = min(started.values()) if started else None
     return Snapshot(
         taken_at=taken_at,
         counters=counters,
         per_position=tuple(by_position.get(i, 0.0) for i in range(width)),
-        process_start=process_start if process_start is not None and math.isfinite(process_start) else None,
+        process_start=_time(samples, PROCESS_START),
+        created=_time(samples, CREATED),
     )
+
+
+def _time(samples: metrics.Samples, name: str) -> float | None:
+    """A timestamp the engine exports (the earliest over its label sets), or None."""
+    values = [v for v in samples.get(name, {}).values() if math.isfinite(v)]
+    return min(values) if values else None
 
 
 @dataclass(frozen=True)
@@ -135,8 +145,15 @@ def _reset(previous: Snapshot, current: Snapshot) -> str | None:
     before, now = previous.process_start, current.process_start
     if before is not None and now is not None and abs(now - before) > 1.0:
         return (
-            f"the engine restarted: its process started at {now:.0f}, not {before:.0f} as at the previous "
-            "light gate; measured since its restart"
+            f"the engine restarted: its process started at {now:.0f}, not {before:.0f} as at the previous light "
+            "gate; measured since its restart"
+        )
+    # smoke.metrics sums a counter over its engines (data parallel): compared, never shown as a time
+    before, now = previous.created, current.created
+    if before is not None and now is not None and abs(now - before) > 1.0:
+        return (
+            "the engine restarted: its counters were created anew since the previous light gate "
+            f"({metrics.DRAFTS.removesuffix('_total')}_created changed); measured since its restart"
         )
     width = max(len(previous.per_position), len(current.per_position))
     old = previous.per_position + (0.0,) * (width - len(previous.per_position))
@@ -217,6 +234,7 @@ def load(path: Path) -> Snapshot | None:
             _number({"accepted_per_position": p}, "accepted_per_position", path) or 0.0 for p in positions
         ),
         process_start=_number(record, "process_start_time", path, optional=True),
+        created=_number(record, "counters_created", path, optional=True),
     )
 
 

