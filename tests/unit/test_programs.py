@@ -784,7 +784,18 @@ def test_every_program_the_tests_and_scripts_run_is_installed_by_system_deps_or_
     calls, _ = scan_repository()
     found = {call.program for call in calls}
     # the scan sees the programs it must (a parser that finds nothing would pass everything)
-    assert {"git", "git-lfs", "podman", "debootstrap", "ssh", "ssh-keygen", "tar", "flock", "python"} <= found
+    assert {
+        "git",
+        "git-lfs",
+        "podman",
+        "debootstrap",
+        "ssh",
+        "ssh-keygen",
+        "tar",
+        "flock",
+        "python",
+        "promtool",
+    } <= found
     assert missing(calls, system_deps_table(SYSTEM_DEPS.read_text()), PROVIDED_OTHERWISE) == []
 
 

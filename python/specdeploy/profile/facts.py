@@ -99,7 +99,6 @@ def deploy_facts(
             "service": layout.WATCH_UNIT_FILES["service"].name,
             "timer": layout.WATCH_UNIT_FILES["timer"].name,
             "alert_rules": str(install.monitoring / "alerts.yml"),
-            "interval_s": profile.watch.interval_s,
         },
         "unit": {
             "name": layout.UNIT_NAME,
