@@ -19,6 +19,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -489,6 +490,71 @@ def test_the_cli_prints_the_checks_writes_the_result_and_exits_with_the_verdict(
     assert (textfile_dir / "specdeploy.prom").is_file()
     shown = runner.invoke(app, ["watch", "show", "--state-dir", str(state), "--json"])
     assert shown.exit_code == 1 and json.loads(shown.stdout)["verdict"] == "fail"
+
+
+def _sglang(tokens_per_verify: float) -> type:
+    """A loopback stand-in for SGLang serving a6000-mtp: its OpenAI chat, /server_info and the native
+    /generate with `meta_info` (completion_tokens, spec_verify_ct), the only acceptance it reports."""
+    answers = {
+        "17 times 23": "391",
+        "capital of France": "Paris",
+        "JSON object": '{"city": "Paris", "population": 2100000}',
+        "is_prime": "def is_prime(n):\n    return n > 1 and all(n % i for i in range(2, n))",
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _send(self, body: object) -> None:
+            data = json.dumps(body).encode() if not isinstance(body, str) else body.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802
+            routes = {
+                "/health": "",
+                "/v1/models": {"data": [{"id": "qwen3.6-27b"}]},
+                "/server_info": {"version": "0.5.19"},
+            }
+            self._send(routes.get(self.path, {}))
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            if self.path == "/generate":
+                self._send(
+                    {
+                        "text": " text",
+                        "meta_info": {"completion_tokens": 120, "spec_verify_ct": 120 / tokens_per_verify},
+                    }
+                )
+                return
+            prompt = body["messages"][0]["content"]
+            text = next((a for k, a in answers.items() if k in prompt), "?")
+            self._send({"choices": [{"message": {"content": text}, "finish_reason": "stop"}],
+                        "usage": {"completion_tokens": 5}})  # fmt: skip
+
+    return Handler
+
+
+@pytest.mark.parametrize(("tokens_per_verify", "verdict"), [(3.0, "pass"), (1.05, "fail")])
+def test_sglang_acceptance_is_measured_on_the_light_gate_s_own_requests(
+    unit_state: dict, tmp_path: Path, tokens_per_verify: float, verdict: str
+) -> None:
+    """SGLang exports no speculative counters: one wave of the profile's acceptance prompts,
+    completion tokens per verify step (as the smoke measures SGLang)."""
+    with stubs() as started:
+        url = started.start(_sglang(tokens_per_verify))
+        options = _options(url, tmp_path, profile_file=resolve_profile_path("a6000-mtp"), api_key="k" * 20)
+        result = watch.run_watch(layout.local_layout(tmp_path / "state"), options)
+    acceptance = _check(result, "acceptance")
+    assert result.verdict.value == verdict, result.message
+    assert f"mean acceptance length {tokens_per_verify:.2f}" in acceptance.summary
+    assert "own 4 requests (SGLang exports no counters)" in acceptance.summary
+    assert result.counters is None and not (tmp_path / "state" / "watch" / "counters.json").exists()
 
 
 # --------------------------------------------------------------------------- textfile and units

@@ -288,11 +288,12 @@ def _since(span: counters.Interval) -> str:
     return f"since the previous light gate ({_iso(span.since)})"
 
 
-def judge_acceptance(profile: Profile, span: counters.Interval) -> Stage:
+def judge_acceptance(profile: Profile, span: counters.Interval, *, over: str | None = None) -> Stage:
     """Acceptance over an interval against the profile's collapse floor (watch.acceptance_length_min,
-    else the smoke band's lower edge), once enough drafts were made to tell."""
+    else the smoke band's lower edge), once enough drafts were made to tell. `over` names what was
+    measured where it is not the interval since the previous light gate."""
     floor, need = profile.watch_acceptance_floor, profile.watch.min_drafts
-    since = _since(span)
+    since = over or _since(span)
     details = span.to_json() | {"floor": floor, "min_drafts": need}
     mean = span.mean_acceptance_length
     if span.drafts <= 0 or mean is None:
@@ -361,7 +362,7 @@ def _acceptance_sglang(profile: Profile, client: Any) -> Stage:
     wave = client.acceptance_wave(batch, max_tokens=profile.smoke.acceptance_max_tokens)
     sample = wave.sample
     span = counters.Interval(
-        since=time.time(),
+        since=None,
         reset=None,
         drafts=sample.drafts,
         draft_tokens=sample.draft_tokens,
@@ -369,9 +370,8 @@ def _acceptance_sglang(profile: Profile, client: Any) -> Stage:
         requests=float(sample.requests),
         per_position=tuple(sample.accepted_per_pos),
     )
-    stage = judge_acceptance(profile, span)
-    stage.summary += " (SGLang: the light gate's own requests; it exports no counters)"
-    return stage
+    over = f"over the light gate's own {len(batch)} requests (SGLang exports no counters)"
+    return judge_acceptance(profile, span, over=over)
 
 
 def _guarded(name: str, check: Callable[[], Stage]) -> Stage:
