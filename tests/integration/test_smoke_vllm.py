@@ -163,13 +163,16 @@ def test_cli_smoke_writes_json_report(cli: Any, stack: Stack, tmp_path: Path) ->
 
 
 def test_speculative_decoding_off(stack: Stack) -> None:
+    """A server started without --speculative-config has no vllm:spec_decode_* series: the served
+    identity says so before any other stage is trusted."""
     engine = stack("no-spec")
     report = _smoke(engine.profile, engine)
     assert report.exit_code == 1
-    assert _statuses(report)["coherence"] is Status.passed
-    acc = report.stage("acceptance")
-    assert acc is not None and acc.details["drafts"] == 0
-    assert "no drafts: speculative decoding is not enabled" in _diagnosis(report)
+    identity = report.stage("identity")
+    assert identity is not None and identity.status is Status.failed
+    assert "speculative decoding is off" in identity.summary and "'draft_model'" in identity.summary
+    assert identity.details["speculation"]["k"] == 0
+    assert "speculative setup:" in _diagnosis(report)
 
 
 def test_server_killed_mid_run(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:

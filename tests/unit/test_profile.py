@@ -104,6 +104,16 @@ def test_rehearsal_variant_is_derived_not_edited() -> None:
             "unknown drafter config field(s) ['mask_id']",
         ),
         (
+            lambda d: d["smoke"].update(concurrency=1),
+            "smoke",
+            "smoke.concurrency is 1 on a GPU profile: expected >= 4",
+        ),
+        (
+            lambda d: d["smoke"].pop("concurrency_agreement"),
+            "smoke",
+            "smoke.concurrency_agreement is missing",
+        ),
+        (
             lambda d: d["engine"]["serve"].update(port=70000),
             "engine.serve.port",
             "less than or equal to 65535",

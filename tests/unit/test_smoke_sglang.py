@@ -54,6 +54,8 @@ class SGLangStub:
     stream_tokens_per_s: float = 500.0
     # per wave of 4 /generate calls, cycle through these spec_verify_ct values (overrides the above)
     verify_by_wave: tuple[int, ...] = ()
+    # server-info overrides: what the recorded server arguments say of speculation
+    server_args: dict[str, Any] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
     _generated: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -61,6 +63,7 @@ class SGLangStub:
     def server_info(self) -> dict[str, Any]:
         info = json.loads((RECORDED / "get_server_info.json").read_text())
         info["version"] = self.version
+        info.update(self.server_args)
         return info
 
     def generate(self) -> dict[str, Any]:
@@ -71,6 +74,8 @@ class SGLangStub:
                 verify = self.verify_by_wave[(self._generated // 4) % len(self.verify_by_wave)]
             self._generated += 1
         body["meta_info"].update(completion_tokens=self.completion_tokens, spec_verify_ct=verify)
+        if self.server_args.get("speculative_algorithm", "EAGLE") is None:  # no speculation: no verify count
+            del body["meta_info"]["spec_verify_ct"]
         return body
 
 
@@ -219,3 +224,50 @@ def test_straddling_the_band_after_the_budget_is_inconclusive(serve: Any) -> Non
     assert acc is not None and acc.status is Status.inconclusive
     assert acc.details["requests"] == 64 and acc.details["interval_95"][0] < 2.6 < acc.details["interval_95"][1]
     assert report.exit_code == 3
+
+
+def test_sglang_serving_without_speculation_fails_identity_naming_the_profiles_setup(serve: Any) -> None:
+    """Recorded shape with speculative_algorithm null, as SGLang's server args read without the flag."""
+    stub = SGLangStub(server_args={"speculative_algorithm": None, "speculative_draft_model_path": None})
+    report = run(load_profile("a6000-mtp"), serve(stub), QUIET)
+    identity = report.stage("identity")
+    assert report.exit_code == 1 and identity is not None and identity.status is Status.failed
+    assert "speculative decoding is off" in identity.summary and "'EAGLE'" in identity.summary
+    assert "num_speculative_tokens 3" in identity.summary
+    assert any(line.startswith("speculative setup:") for line in report.diagnosis)
+
+
+def test_sglang_nextn_without_a_draft_model_path_fails_naming_the_upstream_issue(serve: Any) -> None:
+    stub = SGLangStub(server_args={"speculative_draft_model_path": None})
+    report = run(load_profile("a6000-mtp"), serve(stub), QUIET)
+    identity = report.stage("identity")
+    assert identity is not None and identity.status is Status.failed
+    assert "speculative_draft_model_path" in identity.summary and "sgl-project/sglang#23859" in identity.summary
+
+
+def test_sglang_with_another_step_count_fails_naming_both_values(serve: Any) -> None:
+    stub = SGLangStub(server_args={"speculative_num_steps": 6, "speculative_num_draft_tokens": 7})
+    report = run(load_profile("a6000-mtp"), serve(stub), QUIET)
+    identity = report.stage("identity")
+    assert identity is not None and identity.status is Status.failed
+    assert "served num_speculative_tokens 6, the profile pins 3" in identity.summary
+    assert "the field ran 15 instead of 5" in identity.summary
+
+
+def test_sglang_speculating_with_accept_length_one_fails_as_inactive(serve: Any) -> None:
+    """The server says EAGLE, yet every verify step emits one token: speculation is inactive."""
+    report = run(load_profile("a6000-mtp"), serve(SGLangStub(spec_verify_ct=128)), QUIET)
+    acc = report.stage("acceptance")
+    assert report.exit_code == 1 and acc is not None and acc.status is Status.failed
+    assert "speculation inactive" in acc.summary
+    assert any(line.startswith("speculation inactive") for line in report.diagnosis)
+    assert not any("drafter config" in line for line in report.diagnosis)
+
+
+def test_sglang_concurrency_reruns_the_prompts_with_four_in_flight(serve: Any) -> None:
+    stub = SGLangStub()
+    report = run(load_profile("a6000-mtp"), serve(stub), QUIET)
+    conc = report.stage("concurrency")
+    assert conc is not None and conc.status is Status.passed, conc
+    assert conc.details["concurrency"] == 4 and conc.details["agreement"] == 1.0
+    assert conc.details["requests"] >= 2 * 8  # every known-answer and free-form prompt twice

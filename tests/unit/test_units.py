@@ -26,6 +26,8 @@ def test_unit_cli_renders_and_installs(cli: Any, tmp_path: Path) -> None:
     # GPU-host blocker 11: only the GPUs tensor parallelism (2) needs, never every GPU of the host
     devices = [line for line in rendered.stdout.splitlines() if line.startswith("AddDevice=")]
     assert devices == ["AddDevice=nvidia.com/gpu=0", "AddDevice=nvidia.com/gpu=1"]
+    # sgl-project/sglang#23859: without the flag NEXTN on Qwen3.5/3.6 serves without speculation, silently
+    assert "--speculative-draft-model-path" in rendered.stdout
     first = json.loads(cli("unit", "install", tmp_path, "--profile", "cpu-rehearsal").stdout)
     again = json.loads(cli("unit", "install", tmp_path, "--profile", "cpu-rehearsal").stdout)
     assert (first["changed"], again["changed"]) == (True, False)

@@ -155,6 +155,11 @@ class HostLayout:
         return self.state / "profiles"
 
     @property
+    def golden(self) -> Path:
+        """Golden transcripts, one per served identity (gate.golden)."""
+        return self.state / "golden"
+
+    @property
     def secrets(self) -> Path:
         return self.state / "secrets"
 
@@ -202,7 +207,7 @@ class HostLayout:
 
     def to_json(self) -> dict[str, str]:
         names = (
-            "models", "serving", "state", "cache", "lock", "rollback", "runs", "verified",
+            "models", "serving", "state", "cache", "lock", "rollback", "runs", "verified", "golden",
             "drafter_serving", "target_serving", "drafter_source",
         )  # fmt: skip
         return {name: str(getattr(self, name)) for name in names}

@@ -104,6 +104,9 @@ def _sglang(profile: Profile, model: str) -> list[str]:
         argv.append("--disable-custom-all-reduce")
     if serve.enforce_eager:
         argv.append("--disable-cuda-graph")
+    # The target's own MTP head drafts: name it explicitly. Without the flag SGLang finds no draft model
+    # for Qwen3.5/3.6 and serves without speculation, silently (sgl-project/sglang#23859).
+    argv += ["--speculative-draft-model-path", model]
     argv += [
         "--speculative-algorithm", spec.method,
         "--speculative-num-steps", str(spec.num_speculative_tokens),

@@ -33,6 +33,7 @@ import httpx
 
 from specdeploy.core import files
 from specdeploy.core.errors import ProfileError, ProgramError
+from specdeploy.engine.speculation import ServedSpeculation
 from specdeploy.profile import Profile
 
 # The tuple as Python prints it — `(2, 17, 32, 47, 62)`, `(1,)`, `()` — with layer ids of at most
@@ -58,6 +59,23 @@ def read_log_file(path: Path | str) -> str:
 RUNNER_OF_ORIGIN = {"speculative config": "V1", "config": "V2", "model": "V2"}
 _SPEC_RE = re.compile(r"speculative_config=SpeculativeConfig\(method='(?P<method>[^']*)'")
 _RUNNER_RE = re.compile(r"Using (?P<runner>V[12]) Model Runner")
+# vLLM's engine-config line: `speculative_config=SpeculativeConfig(method='dflash', model='...',
+# num_spec_tokens=3)`, or `speculative_config=None` (recorded on vLLM 0.26, tests/data/gpu-vllm-0.26/)
+_SPEC_SETUP_RE = re.compile(
+    r"speculative_config=(?:None|SpeculativeConfig\(method='(?P<method>[^']*)'.*?num_spec_tokens=(?P<k>[0-9]{1,4})\))"
+)
+
+
+def served_speculation(log_text: str) -> ServedSpeculation | None:
+    """The speculative setup the engine's last config line names, or None where the log has none."""
+    matches = list(_SPEC_SETUP_RE.finditer(log_text))
+    if not matches:
+        return None
+    last = matches[-1]
+    if last.group("method") is None:
+        return ServedSpeculation(None, 0, "the startup log: speculative_config=None")
+    method, k = last.group("method"), int(last.group("k"))
+    return ServedSpeculation(method, k, f"the startup log: SpeculativeConfig(method={method!r}, num_spec_tokens={k})")
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from typing import Any
 from specdeploy.core import atomic, files, keeper, layout
 from specdeploy.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, SpecdeployError, UsageError, WriteError
 from specdeploy.engine import secret, startup_log
+from specdeploy.gate import golden
 from specdeploy.images import prune as image_prune
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rollback import restore
@@ -109,6 +110,8 @@ class GateReport:
     pruned: list[str] | None = None
     # the engine images removed after the pass (container profiles; images.prune), then what was not
     images_pruned: list[str] | None = None
+    # the served identity's key, and whether this run compared with its golden or recorded one (gate.golden)
+    golden: dict[str, Any] | None = None
     finished_at: str | None = None
     rolling_back: bool = False
     # Set when the gate could not run at all: the CLI's exit code for that error (a bad
@@ -152,6 +155,7 @@ class GateReport:
             "served": self.served,
             "pruned": self.pruned,
             "images_pruned": self.images_pruned,
+            "golden": self.golden,
         }
 
     def write(self) -> None:
@@ -336,6 +340,22 @@ def _prune_images(image_name: str, host: layout.HostLayout, options: GateOptions
     return pruned.lines()
 
 
+def _startup_log_reader(options: GateOptions, log_text: str | None) -> Callable[[], str]:
+    """The engine's startup log for the smoke's served-identity check: the saved log, else the unit's
+    journal since its current start ("" where no journal can be read: the method is then not checked,
+    and the report says so)."""
+    if log_text is not None:
+        return lambda: log_text
+
+    def read() -> str:
+        try:
+            return startup_log.journal_of_current_run(options.unit)
+        except SpecdeployError:
+            return ""
+
+    return read
+
+
 def _restore_and_prove(unit: str) -> Callable[[layout.HostLayout, str], restore.Outcome]:
     return lambda host, run_id: restore.restore_and_prove(host, run_id, unit=unit)
 
@@ -353,12 +373,23 @@ def _gate(
     else:
         report.startup_log = _check_startup_log(profile, options, report.endpoint, log_text)
     report.write()
+    identity = golden.served_identity(profile, host, unit_file=options.unit_file, podman=options.podman)
+    identity_key = golden.key(identity)
+    known = golden.path(host, identity_key)
+    recorded = report.directory / golden.RECORDED
+    report.golden = {"key": identity_key, "identity": identity}
     if report.startup_log["ok"]:
         smoke_options = smoke.SmokeOptions(
             api_key=options.api_key,
             show_progress=options.show_progress,
             readiness_timeout_s=options.readiness_timeout_s,
             engine_down=startup_log.unit_down(options.unit) if options.log_file is None else None,
+            startup_log=_startup_log_reader(options, log_text) if profile.engine.kind == "vllm" else None,
+            golden=known if known.is_file() else None,
+            record_golden=None if known.is_file() else recorded,
+        )
+        report.golden["compared_with" if known.is_file() else "recorded_to"] = str(
+            known if known.is_file() else recorded
         )
         result = smoke.run(profile, report.endpoint, smoke_options)
         report.smoke = result.to_json()
@@ -367,6 +398,12 @@ def _gate(
         verdict = Verdict.failed
     if verdict is Verdict.passed:  # a pass is recorded together with the verified/ flip
         _mark_verified(report, host)
+        if not known.is_file() and recorded.is_file():  # a new identity: its golden, the old ones kept
+            try:
+                report.golden["adopted"] = str(golden.adopt(host, identity_key, identity, recorded))
+            except (SpecdeployError, OSError) as exc:
+                report.golden["adopted"] = None
+                report.golden["problem"] = exc.message if isinstance(exc, SpecdeployError) else str(exc)
         # only now may old revisions go: this run's and the last passing ones' stay; a failure to
         # prune is reported, and never turns the pass into a failure (or a rollback)
         try:

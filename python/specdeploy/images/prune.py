@@ -113,7 +113,7 @@ def _podman(podman: str, *args: str) -> str:
     return done.stdout
 
 
-def _image_id(podman: str, reference: str) -> str | None:
+def local_image_id(podman: str, reference: str) -> str | None:
     """The ID of `reference` on this host; None when it is not here (podman image exists: 1)."""
     exists = podman_run(podman, "image", "exists", reference)
     if exists.returncode == 1:
@@ -171,12 +171,12 @@ def _kept_ids(unit_file: Path, rollback: Path, podman: str) -> set[str]:
         )
     kept = set()
     for reference in current:
-        image_id = _image_id(podman, reference)
+        image_id = local_image_id(podman, reference)
         if image_id is None:
             raise PruneError(f"the engine unit {unit_file} runs {reference}, but it is not on this host")
         kept.add(image_id)
     for reference in rollback_images(rollback):
-        image_id = _image_id(podman, reference)
+        image_id = local_image_id(podman, reference)
         if image_id is not None:  # gone already: nothing of it to keep
             kept.add(image_id)
     return kept

@@ -471,12 +471,47 @@ class SmokePrompts(_Strict):
     acceptance: list[str] = Field(min_length=1, description="raw completion prompts measured for acceptance")
 
 
+class Agreement(_Strict):
+    """How far greedy outputs at concurrency must agree with the concurrency-1 ones. Batching changes
+    greedy outputs on GPUs, so the floor is a reported figure and a shortfall alone is inconclusive."""
+
+    prefix_tokens: int = Field(10, ge=1, description="outputs agree when their first N tokens match (vLLM's CI: 10)")
+    min_fraction: float = Field(ge=0, le=1, description="share of prompts whose concurrent outputs must agree")
+    provenance: Provenance
+    source: str = Field(min_length=3)
+
+
+class LongContextProbe(_Strict):
+    """One request that crosses `position`, with acceptance measured on what it generates after it
+    (vllm-project/vllm#52873: acceptance fell to 0% engine-wide past position 32768)."""
+
+    enabled: bool = False
+    position: int = Field(ge=16, description="prompt tokens the request crosses before it decodes")
+    max_tokens: int = Field(64, ge=8, description="tokens decoded after the position")
+    acceptance_length_min: float = Field(ge=1, description="mean acceptance length after the position")
+    source: str = Field(min_length=3)
+
+
 class SmokeSpec(_Strict):
     """Thresholds the smoke gate applies. Bands, not only floors: a loop inflates acceptance."""
 
     acceptance_length: Band
     position0_acceptance_min: float = Field(ge=0, le=1)
     decode_tokens_per_s_min: float | None = None
+    decode_rate_min_tokens: int = Field(
+        16,
+        ge=2,
+        description="a decode rate is computed from at least this many streamed tokens, else it is not measurable",
+    )
+    concurrency: int = Field(
+        1,
+        ge=1,
+        description="requests in flight when the known-answer and free-form prompts run again (>= 4 on GPU profiles)",
+    )
+    concurrency_agreement: Agreement | None = Field(
+        None, description="needed when concurrency > 1: the prefix agreement floor with the concurrency-1 outputs"
+    )
+    long_context: LongContextProbe | None = None
     golden_prefix_tokens: int = 32
     golden_match_fraction_min: float = Field(0.8, ge=0, le=1)
     max_requests: int = Field(64, ge=1)
@@ -607,6 +642,17 @@ class Profile(_Strict):
                 f"speculative.num_speculative_tokens is {spec.num_speculative_tokens} but the "
                 f"drafter's block_size is {block}: at most block_size - 1 = {block - 1} tokens "
                 "can be drafted per step"
+            )
+        if self.uses_gpus and self.smoke.concurrency < 4:
+            raise ValueError(
+                f"smoke.concurrency is {self.smoke.concurrency} on a GPU profile: expected >= 4 — corruption that "
+                "only concurrency shows (the field's drafter at 15 tokens: 32/32 right at concurrency 1, 11/32 at 4) "
+                "passes a gate that never batches"
+            )
+        if self.smoke.concurrency > 1 and self.smoke.concurrency_agreement is None:
+            raise ValueError(
+                f"smoke.concurrency is {self.smoke.concurrency} but smoke.concurrency_agreement is missing: "
+                "the concurrent outputs need a floor for their agreement with the concurrency-1 ones"
             )
         ceiling = self.max_acceptance_length()
         if self.smoke.acceptance_length.max > ceiling:

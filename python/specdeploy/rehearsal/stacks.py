@@ -70,6 +70,10 @@ STACKS: dict[str, StackSpec] = {
             lambda: variants.hybrid_mtp(), fixtures.build_hybrid_mtp_target, lambda p: None,
         ),
         StackSpec(
+            "double-k", "trained target + draft model with twice the profile's draft tokens",
+            lambda: variants.double_k(), _trained, fixtures.build_draft_model,
+        ),
+        StackSpec(
             "no-spec", "trained target started without speculative decoding",
             lambda: variants.on_port(load_profile(variants.BASE), "cpu-rehearsal-nospec", 8105),
             _trained, lambda p: None, speculative=False,

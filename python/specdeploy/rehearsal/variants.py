@@ -155,3 +155,15 @@ def hybrid_mtp(base: Profile | None = None, *, port: int = 8106) -> Profile:
         "smoke": {"acceptance_length": {"min": 1.5, "max": 2.9, "source": "ceiling 3.0 = 2 drafts + bonus"}},
     }
     return derive(base, f"{BASE}-hybrid-mtp", patch, remove=("drafter",))
+
+
+def double_k(base: Profile | None = None, *, port: int = 8107) -> Profile:
+    """The healthy stack served with twice the profile's draft tokens: the field's mistake (15 where 5
+    were verified) on the rehearsal. Gated with the base profile, its served identity must fail."""
+    base = base or load_profile(BASE)
+    k = base.engine.speculative.num_speculative_tokens
+    patch = {
+        "description": f"cpu-rehearsal served with {2 * k} draft tokens instead of {k}",
+        "engine": {"serve": {"port": port}, "speculative": {"num_speculative_tokens": 2 * k}},
+    }
+    return derive(base, f"{BASE}-double-k", patch)

@@ -9,6 +9,7 @@ comes from vLLM's /version and SGLang's /server_info (older: /get_server_info).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from specdeploy.smoke.responses import (
     EngineError,
     EngineResponseError,
     EngineUnavailable,
+    ServedSpeculation,
     describe_http_error,
     snippet,
 )
@@ -49,10 +51,42 @@ class Wave:
 
 
 @dataclass(frozen=True)
+class LongContext:
+    """The long-context probe's one request: the counters it moved, and its prompt's length."""
+
+    sample: Sample
+    prompt_tokens: int | None
+
+
+# The long-context probe's prompt is this sentence repeated past the position.
+LONG_CONTEXT_UNIT = "The quick brown fox jumps over the lazy dog, and the dog sleeps in the sun. "
+
+
+@dataclass(frozen=True)
 class Throughput:
+    """One streamed completion's timing. `decode_tokens_per_s` is None when it cannot be measured
+    (too few tokens, or chunks that arrived together), with `note` saying why: a 2-core CPU engine was
+    once reported decoding 189470 tok/s from two chunks read in one network buffer."""
+
     ttft_s: float
-    decode_tokens_per_s: float
+    decode_tokens_per_s: float | None
     tokens: int
+    measured_by: str = "client stream timing"
+    note: str = ""
+
+
+def stream_rate(tokens: int, arrivals: list[float], min_tokens: int) -> tuple[float | None, int, str, str]:
+    """(rate, tokens, measured_by, note) from the client's view of a stream: the tokens after the
+    first over the time from the first text chunk to the last. Not measurable from fewer than
+    `min_tokens` tokens, or when the text came in fewer than 3 reads spread over time (a speculative
+    engine streams several tokens per step, and a network buffer can carry several chunks)."""
+    how = "client stream timing"
+    if tokens < min_tokens:
+        return None, tokens, how, f"{tokens} tokens streamed (< {min_tokens}): too few to time the decode"
+    distinct = len({round(t, 3) for t in arrivals})  # reads at least a millisecond apart
+    if distinct < 3:
+        return None, tokens, how, f"the text arrived in {distinct} read(s): no decode timing in it"
+    return (tokens - 1) / (arrivals[-1] - arrivals[0]), tokens, how, ""
 
 
 def endpoint_problem(url: str) -> str | None:
@@ -157,7 +191,7 @@ class EngineClient:
         data = self._json("POST", "/v1/chat/completions", json=body)
         return responses.parse_chat(data, f"POST {self.base_url}/v1/chat/completions")
 
-    def stream_completion(self, prompt: str, *, max_tokens: int) -> Throughput:
+    def stream_completion(self, prompt: str, *, max_tokens: int, min_tokens: int = 16) -> Throughput:
         """Time to first token and decode rate of one streamed completion (concurrency 1).
 
         A raw completion prompt, not chat: the same text every run, with no chat template or
@@ -173,6 +207,7 @@ class EngineClient:
         }
         start = time.monotonic()
         first = last = None
+        arrivals: list[float] = []
         tokens = 0
         what = f"POST {self.base_url}/v1/completions (stream)"
         try:
@@ -191,17 +226,35 @@ class EngineClient:
                         now = time.monotonic()
                         first = first or now
                         last = now
+                        arrivals.append(now)
         except httpx.HTTPError as exc:
             raise EngineUnavailable(f"{what}: {describe_http_error(exc)}") from None
         if first is None or last is None:
-            return Throughput(float("nan"), 0.0, tokens)
-        decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
-        return Throughput(first - start, decode, tokens)
+            return Throughput(float("nan"), None, tokens, note="no text was streamed")
+        return Throughput(first - start, *stream_rate(tokens, arrivals, min_tokens))
 
     # ------------------------------------------------------------------ per engine
 
     def identity(self) -> Identity:
         raise NotImplementedError
+
+    def served_speculation(self) -> ServedSpeculation:
+        raise NotImplementedError
+
+    def complete_once(self, prompt: str, max_tokens: int) -> Completion:
+        raise NotImplementedError
+
+    def long_context_wave(self, position: int, *, max_tokens: int) -> LongContext:
+        """One greedy request whose prompt crosses `position` tokens (a sentence repeated, its length
+        measured by the engine's own tokenizer first), and the acceptance counters it moved."""
+        per = self.complete_once(LONG_CONTEXT_UNIT, 1).prompt_tokens
+        if not per:
+            raise EngineResponseError(
+                f"{self.base_url}: a completion reported no prompt_tokens: the probe cannot size its prompt",
+                hint="this engine's answers differ from the version the profile pins: check the identity stage",
+            )
+        wave = self.acceptance_wave([LONG_CONTEXT_UNIT * (position // per + 2)], max_tokens=max_tokens)
+        return LongContext(wave.sample, wave.completions[0].prompt_tokens)
 
     def acceptance_wave(self, prompts: list[str], *, max_tokens: int) -> Wave:
         raise NotImplementedError
@@ -217,6 +270,9 @@ class VLLMClient(EngineClient):
             raise EngineResponseError(f"{what}: {snippet(response.text)}")
         return Identity("vllm", responses.parse_version(responses.decode_json(response.text, what), what))
 
+    def complete_once(self, prompt: str, max_tokens: int) -> Completion:
+        return self._complete(prompt, max_tokens)
+
     def _complete(self, prompt: str, max_tokens: int) -> Completion:
         data = self._json(
             "POST",
@@ -227,6 +283,47 @@ class VLLMClient(EngineClient):
 
     def _counters(self) -> metrics.Samples:
         return metrics.scrape(self.base_url)
+
+    def served_speculation(self) -> ServedSpeculation:
+        """k from the per-position acceptance counter: vLLM registers one `position` label per draft
+        position at start (0..k-1, at 0 before any request) and no spec-decode series at all without
+        speculation (recorded on vLLM 0.26, docs/sources.md#judging). The method is not in /metrics."""
+        samples = self._counters()
+        source = f"GET {self.base_url}/metrics"
+        if not any(name.startswith(metrics.SPEC_PREFIX) for name in samples):
+            return ServedSpeculation(None, 0, source + ": no vllm:spec_decode_* series")
+        positions = _positions(self.base_url, samples)
+        k = len(positions) if positions else None
+        return ServedSpeculation(None, k, source + f": {metrics.ACCEPTED_PER_POS} has {len(positions)} positions")
+
+    def stream_completion(self, prompt: str, *, max_tokens: int, min_tokens: int = 16) -> Throughput:
+        """The decode rate from the engine's own counters where our request was the only one the
+        server finished meanwhile: generated tokens after the first over the engine's decode time
+        (vllm:request_decode_time_seconds), which no network buffering distorts. Else the client's
+        stream timing, with its own guards."""
+        before = self._counters()
+        timed = super().stream_completion(prompt, max_tokens=max_tokens, min_tokens=min_tokens)
+        after = self._counters()
+
+        def moved(name: str) -> float:
+            return metrics.total(after, name) - metrics.total(before, name)
+
+        finished, decode_s = moved(metrics.REQUESTS_FINISHED), moved(metrics.DECODE_TIME_SUM)
+        generated = moved(metrics.GENERATION_TOKENS_SUM)
+        if metrics.DECODE_TIME_SUM not in after or metrics.GENERATION_TOKENS_SUM not in after:
+            return timed  # an engine without these histograms: the client's timing, with its guards
+        if finished != 1 or not math.isfinite(decode_s) or not math.isfinite(generated):
+            note = f"{int(finished)} requests finished meanwhile: the engine's counters are not this request's"
+            return dataclasses.replace(timed, note="; ".join(filter(None, (timed.note, note))))
+        if generated < min_tokens:
+            why = f"{generated:.0f} tokens generated (< {min_tokens}): too few to time the decode"
+            return dataclasses.replace(timed, decode_tokens_per_s=None, measured_by="engine counters", note=why)
+        if decode_s <= 0:
+            why = "the engine counted no decode time"
+            return dataclasses.replace(timed, decode_tokens_per_s=None, measured_by="engine counters", note=why)
+        return dataclasses.replace(
+            timed, decode_tokens_per_s=(generated - 1) / decode_s, measured_by="engine counters", note=""
+        )
 
     def acceptance_wave(self, prompts: list[str], *, max_tokens: int) -> Wave:
         before = self._counters()
@@ -280,13 +377,28 @@ def _positions(base_url: str, samples: metrics.Samples) -> set[str]:
 
 
 class SGLangClient(EngineClient):
-    def identity(self) -> Identity:
+    def _server_info(self) -> tuple[Any, str] | None:
         for path in ("/server_info", "/get_server_info"):
             response = self._request("GET", path)
             if response.status_code == 200:
                 what = f"GET {self.base_url}{path}: HTTP 200"
-                return Identity("sglang", responses.parse_version(responses.decode_json(response.text, what), what))
-        return Identity("not sglang (no /server_info or /get_server_info)", "")
+                return responses.decode_json(response.text, what), what
+        return None
+
+    def identity(self) -> Identity:
+        found = self._server_info()
+        if found is None:
+            return Identity("not sglang (no /server_info or /get_server_info)", "")
+        return Identity("sglang", responses.parse_version(*found))
+
+    def served_speculation(self) -> ServedSpeculation:
+        """SGLang's server info is its server arguments: speculative_algorithm (None without
+        speculation), speculative_num_steps and speculative_draft_model_path."""
+        found = self._server_info()
+        if found is None:
+            return ServedSpeculation(None, None, f"{self.base_url}: no server info")
+        info, what = found
+        return responses.parse_sglang_speculation(info, what)
 
     def _generate(self, prompt: str, max_tokens: int) -> responses.Generated:
         data = self._json(
@@ -295,6 +407,9 @@ class SGLangClient(EngineClient):
             json={"text": prompt, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}},
         )
         return responses.parse_generate(data, f"POST {self.base_url}/generate")
+
+    def complete_once(self, prompt: str, max_tokens: int) -> Completion:
+        return self._generate(prompt, max_tokens).completion
 
     def acceptance_wave(self, prompts: list[str], *, max_tokens: int) -> Wave:
         """SGLang: per request, acceptance length = completion_tokens / spec_verify_ct, so

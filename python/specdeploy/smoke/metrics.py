@@ -22,6 +22,9 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 REQUESTS_FINISHED = "vllm:request_success_total"
+DECODE_TIME_SUM = "vllm:request_decode_time_seconds_sum"
+GENERATION_TOKENS_SUM = "vllm:request_generation_tokens_sum"
+SPEC_PREFIX = "vllm:spec_decode_"
 
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from specdeploy.core import files
 from specdeploy.core.errors import SpecdeployError
+from specdeploy.engine.speculation import ServedSpeculation
 
 # What to do when an endpoint answers with something that is not an engine's API.
 NOT_AN_ENGINE = (
@@ -52,6 +53,7 @@ class Completion:
     text: str
     finish_reason: str | None
     completion_tokens: int
+    prompt_tokens: int | None = None  # where the answer reports it (usage / meta_info)
 
 
 def snippet(text: str | bytes, limit: int = 160) -> str:
@@ -185,13 +187,28 @@ def parse_completion(data: Any, what: str = "POST /v1/completions") -> Completio
     text = _field(choice, "text", f"{what}: choices[0]", str)
     reason = _field(choice, "finish_reason", f"{what}: choices[0]", str, optional=True)
     usage = expect_object(_field(body, "usage", what, dict), f"{what}: usage")
-    return Completion(text, reason, _count(usage, "completion_tokens", f"{what}: usage"))
+    prompt = _count(usage, "prompt_tokens", f"{what}: usage", default=-1)
+    return Completion(
+        text, reason, _count(usage, "completion_tokens", f"{what}: usage"), None if prompt < 0 else prompt
+    )
 
 
 def parse_version(data: Any, what: str = "GET /version") -> str:
     """The engine version an identity endpoint (vLLM /version, SGLang /server_info) reports."""
     body = expect_object(data, what)
     return str(_field(body, "version", what, str))
+
+
+def parse_sglang_speculation(data: Any, what: str) -> ServedSpeculation:
+    """The speculative setup in SGLang's server info (its server arguments, as
+    `dataclasses.asdict(server_args)`)."""
+    body = expect_object(data, what)
+    method = _field(body, "speculative_algorithm", what, str, optional=True)
+    if method is None:
+        return ServedSpeculation(None, 0, f"{what}: speculative_algorithm is null")
+    steps = _count(body, "speculative_num_steps", what, default=0)
+    path = _field(body, "speculative_draft_model_path", what, str, optional=True)
+    return ServedSpeculation(method, steps or None, what, draft_model_path=path)
 
 
 @dataclass(frozen=True)
@@ -215,7 +232,9 @@ def parse_generate(data: Any, what: str = "POST /generate") -> Generated:
             f"found {_kind(reason)}"
         )
     tokens = _count(meta, "completion_tokens", f"{what}: meta_info", default=0)
-    return Generated(Completion(text, reason, tokens), _number(meta, "spec_verify_ct", f"{what}: meta_info"))
+    prompt = _count(meta, "prompt_tokens", f"{what}: meta_info", default=-1)
+    completion = Completion(text, reason, tokens, None if prompt < 0 else prompt)
+    return Generated(completion, _number(meta, "spec_verify_ct", f"{what}: meta_info"))
 
 
 @dataclass(frozen=True)

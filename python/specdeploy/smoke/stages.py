@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import math
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -43,6 +46,7 @@ from rich.progress import (
 
 from specdeploy.core import atomic, files
 from specdeploy.core.errors import InputFileError, WriteError
+from specdeploy.engine import startup_log
 from specdeploy.images.guards import same_release
 from specdeploy.profile import KnownAnswer, Profile
 from specdeploy.smoke import acceptance, coherence
@@ -165,6 +169,9 @@ class SmokeOptions:
     # Why the engine stopped trying to serve (the gate probes its unit), or None: readiness
     # ends at once instead of polling a crash-looping engine for the whole timeout.
     engine_down: Callable[[], str | None] | None = None
+    # The engine's startup log (the gate reads the unit's journal or a saved log): the served
+    # speculative method comes from it; vLLM's HTTP API does not say it.
+    startup_log: Callable[[], str] | None = None
 
 
 # --------------------------------------------------------------------------- known answers
@@ -203,6 +210,50 @@ def check_answer(answer: KnownAnswer, text: str) -> str | None:
 def golden_tokens(text: str) -> list[str]:
     """Engine-independent tokens for prefix comparison: ASCII words, else single characters."""
     return re.findall(r"[A-Za-z0-9_]+|\S", text)
+
+
+def agrees(alone: str, concurrent: str, n: int) -> bool:
+    """Two outputs of one greedy prompt agree when their first `n` tokens match (vLLM's CI compares
+    the first 10 generated tokens); outputs shorter than `n` must match whole."""
+    return golden_tokens(alone)[:n] == golden_tokens(concurrent)[:n]
+
+
+# --------------------------------------------------------------------------- served speculation
+
+# Method names an engine reports for a profile's method: SGLang turns NEXTN into EAGLE when it parses
+# its arguments (sglang/srt/server_args.py), so a NEXTN profile is served as "EAGLE".
+SERVED_METHOD = {"NEXTN": "EAGLE"}
+NEXTN_DRAFT_PATH = "sgl-project/sglang#23859"
+# At or below this acceptance length speculation does nothing (1.0: one token per verify step).
+INACTIVE_ACCEPTANCE = 1.05
+
+
+def speculation_mismatch(profile: Profile, served: dict[str, Any]) -> str | None:
+    """Why the served speculative setup is not the profile's (naming both values), or None."""
+    spec = profile.engine.speculative
+    want_k, method, k = spec.num_speculative_tokens, served.get("method"), served.get("k")
+    where = "; ".join(served.get("sources") or ())
+    if k == 0:
+        return (
+            f"the server speculates with nothing (speculative decoding is off: {where}); the profile's method is "
+            f"{spec.method!r} with num_speculative_tokens {want_k}"
+        )
+    if method is not None and SERVED_METHOD.get(method, method) != SERVED_METHOD.get(spec.method, spec.method):
+        return f"served speculative method {method!r}, the profile's is {spec.method!r} ({where})"
+    if k is not None and k != want_k:
+        why = (
+            f"{k - want_k} more draft token(s) per step than the profile's: drafts past the positions that are "
+            "accepted waste compute (the field ran 15 instead of 5)"
+            if k > want_k
+            else "fewer draft tokens than the profile's: acceptance and speed are not the verified setup's"
+        )
+        return f"served num_speculative_tokens {k}, the profile pins {want_k}: {why} ({where})"
+    if profile.engine.kind == "sglang" and spec.method in ("EAGLE", "NEXTN") and not served.get("draft_model_path"):
+        return (
+            "SGLang serves without speculative_draft_model_path: NEXTN on Qwen3.5/3.6 then runs without "
+            f"speculation, silently ({NEXTN_DRAFT_PATH}); the unit must pass --speculative-draft-model-path ({where})"
+        )
+    return None
 
 
 GOLDEN = "golden transcript"
@@ -292,8 +343,10 @@ class Smoke:
             self.readiness,
             self.identity,
             self.coherence,
+            self.concurrency,
             self.golden,
             self.acceptance,
+            self.long_context,
             self.throughput,
         )
         try:
@@ -386,7 +439,29 @@ class Smoke:
                 f"{ident.kind} version {ident.version}, profile pins {pinned.value} ({pinned.provenance})",
                 details,
             )
-        return Stage("identity", Status.passed, f"{ident.kind} {ident.version} as pinned", details)
+        served = self._served_speculation()
+        details["speculation"] = served
+        if problem := speculation_mismatch(self.profile, served):
+            details["mismatch"] = "speculation"
+            return Stage("identity", Status.failed, problem, details)
+        setup = f"{served['method'] or self.profile.engine.speculative.method} k={served['k']}"
+        return Stage("identity", Status.passed, f"{ident.kind} {ident.version} as pinned, speculating {setup}", details)
+
+    def _served_speculation(self) -> dict[str, Any]:
+        """What the server speculates with, merged from its API (k; SGLang: the method and the draft
+        path too) and, where the gate gave it, the startup log (vLLM's method)."""
+        api = self.client.served_speculation()
+        merged = {"method": api.method, "k": api.k, "draft_model_path": api.draft_model_path, "sources": [api.source]}
+        if self.options.startup_log is not None:
+            logged = startup_log.served_speculation(self.options.startup_log())
+            if logged is None:
+                merged["sources"].append("the startup log: no speculative_config line (method not checked)")
+            else:
+                merged["sources"].append(logged.source)
+                merged["method"] = logged.method
+                if merged["k"] is None or logged.k == 0:
+                    merged["k"] = logged.k
+        return merged
 
     # ------------------------------------------------------------------ c. coherence
 
@@ -425,6 +500,94 @@ class Smoke:
         done = self.client.chat(prompt, max_tokens=max_tokens, template_kwargs=kwargs)
         self.outputs[prompt] = done.text
         return done
+
+    # ------------------------------------------------------------------ c2. concurrency
+
+    def concurrency(self) -> Stage:
+        """The coherence prompts again, each twice, with `smoke.concurrency` requests in flight: the
+        known answers must still be right and the detectors clean (else fail); agreement with the
+        concurrency-1 outputs over the first N tokens below the profile's floor alone is inconclusive
+        (batching changes greedy outputs on GPUs)."""
+        c = self.spec.concurrency
+        floor = self.spec.concurrency_agreement
+        if c <= 1 or floor is None:
+            return Stage("concurrency", Status.skipped, "smoke.concurrency is 1: coherence ran one request at a time")
+        prompts = self.spec.prompts
+        kwargs = self.spec.chat_template_kwargs
+        jobs: list[tuple[str, str, int, KnownAnswer | None]] = [
+            (a.name, a.prompt, a.max_tokens, a) for a in prompts.known_answers
+        ] + [(f"free_form[{i}]", p, self.spec.max_tokens, None) for i, p in enumerate(prompts.free_form)]
+        jobs = jobs * max(2, -(-c // len(jobs)))  # every prompt at least twice, at least c requests
+        in_flight = peak = 0
+        lock = threading.Lock()
+
+        def ask(job: tuple[str, str, int, KnownAnswer | None]) -> Completion:
+            nonlocal in_flight, peak
+            with lock:
+                in_flight += 1
+                peak = max(peak, in_flight)
+            try:
+                return self.client.chat(job[1], max_tokens=job[2], template_kwargs=kwargs)
+            finally:
+                with lock:
+                    in_flight -= 1
+
+        with self._progress() as progress:
+            task = progress.add_task(f"coherence at concurrency {c}", total=len(jobs))
+            done: list[Completion] = []
+            with ThreadPoolExecutor(max_workers=c) as pool:
+                for completion in pool.map(ask, jobs):
+                    done.append(completion)
+                    progress.advance(task)
+        wrong: dict[str, str] = {}
+        degenerate: dict[str, list[str]] = {}
+        differ: list[str] = []
+        for (name, prompt, _, answer), completion in zip(jobs, done, strict=True):
+            if answer is not None and (problem := check_answer(answer, completion.text)):
+                wrong.setdefault(name, problem)
+            if findings := coherence.detect(completion.text):
+                degenerate.setdefault(name, [f"{f.detector}: {f.detail}" for f in findings])
+            alone = self.outputs.get(prompt)
+            if alone is None or not agrees(alone, completion.text, floor.prefix_tokens):
+                differ.append(name)
+        fraction = 1 - len(differ) / len(jobs)
+        details = {
+            "concurrency": c,
+            "max_in_flight": peak,
+            "requests": len(jobs),
+            "wrong_answers": wrong,
+            "degenerate": degenerate,
+            "agreement": fraction,
+            "agreement_floor": floor.min_fraction,
+            "prefix_tokens": floor.prefix_tokens,
+            "differing": sorted(set(differ)),
+        }
+        agreement = (
+            f"first {floor.prefix_tokens} tokens agree with concurrency 1 on {fraction:.0%} of {len(jobs)} "
+            f"(floor {floor.min_fraction:.0%}, {floor.provenance.value})"
+        )
+        if wrong or degenerate:
+            first = next(iter(wrong.values()), None) or next(iter(degenerate.values()))[0]
+            return Stage(
+                "concurrency",
+                Status.failed,
+                f"at concurrency {c}: {len(wrong)} wrong answer(s), {len(degenerate)} degenerate output(s); "
+                f"e.g. {first}; {agreement}",
+                details,
+            )
+        if fraction < floor.min_fraction:
+            return Stage(
+                "concurrency",
+                Status.inconclusive,
+                f"answers right and clean at {c} in flight, but {agreement}",
+                details,
+            )
+        return Stage(
+            "concurrency",
+            Status.passed,
+            f"{len(jobs)} requests, {peak} in flight: answers right, clean; {agreement}",
+            details,
+        )
 
     # ------------------------------------------------------------------ golden
 
@@ -504,6 +667,13 @@ class Smoke:
             where += f"; {other} other request(s) seen on the server during the smoke"
         if est.drafts == 0:
             return Stage("acceptance", Status.failed, f"no drafts at all over {used} requests ({where})", details)
+        if est.mean_acceptance_length <= INACTIVE_ACCEPTANCE:
+            return Stage(
+                "acceptance",
+                Status.failed,
+                f"mean acceptance length {interval}: speculation inactive (~1 token per verify step; {where})",
+                details,
+            )
         loop = self._looks_like_loop(est) or decision is acceptance.Decision.above
         details["token_loop"] = loop
         if decision is acceptance.Decision.inside and not loop:
@@ -530,18 +700,58 @@ class Smoke:
         repetitive = sum(1 for t in self.acceptance_texts if coherence.detect(t)) >= len(self.acceptance_texts) / 2
         return saturated and repetitive
 
+    # ------------------------------------------------------------------ e2. long context
+
+    def long_context(self) -> Stage:
+        """One request whose prompt crosses `position` tokens, acceptance measured on what it decodes
+        after it (vllm-project/vllm#52873: acceptance fell to 0% engine-wide past 32768)."""
+        probe = self.spec.long_context
+        if probe is None or not probe.enabled:
+            return Stage("long_context", Status.skipped, "the profile's long-context probe is off")
+        result = self.client.long_context_wave(probe.position, max_tokens=probe.max_tokens)
+        est = acceptance.estimate([result.sample])
+        details = {
+            "position": probe.position,
+            "prompt_tokens": result.prompt_tokens,
+            "mean_acceptance_length": est.mean_acceptance_length,
+            "drafts": est.drafts,
+            "floor": probe.acceptance_length_min,
+        }
+        if result.prompt_tokens is not None and result.prompt_tokens < probe.position:
+            return Stage(
+                "long_context",
+                Status.error,
+                f"the probe's prompt had {result.prompt_tokens} tokens, short of position {probe.position}",
+                details,
+                hint="the engine tokenized the probe shorter than expected: report it as a specdeploy bug",
+            )
+        summary = (
+            f"after crossing position {probe.position}: mean acceptance length {est.mean_acceptance_length:.2f} "
+            f"over {est.drafts:.0f} drafts (floor {probe.acceptance_length_min})"
+        )
+        if est.drafts == 0 or est.mean_acceptance_length < probe.acceptance_length_min:
+            return Stage("long_context", Status.failed, summary, details)
+        return Stage("long_context", Status.passed, summary, details)
+
     # ------------------------------------------------------------------ f. throughput
 
     def throughput(self) -> Stage:
         prompt = self.spec.prompts.acceptance[0]
-        result = self.client.stream_completion(prompt, max_tokens=self.spec.acceptance_max_tokens)
+        result = self.client.stream_completion(
+            prompt, max_tokens=self.spec.acceptance_max_tokens, min_tokens=self.spec.decode_rate_min_tokens
+        )
         details = asdict(result)
         rate = result.decode_tokens_per_s
-        summary = f"TTFT {result.ttft_s * 1000:.0f} ms, decode {rate:.1f} tok/s over {result.tokens} tokens"
         floor = self.spec.decode_tokens_per_s_min
+        ttft = f"TTFT {result.ttft_s * 1000:.0f} ms" if math.isfinite(result.ttft_s) else "no first token"
+        if rate is None:
+            summary = f"{ttft}; decode rate not measurable: {result.note}"
+            status = Status.passed if floor is None else Status.inconclusive
+            return Stage("throughput", status, summary, details)
+        summary = f"{ttft}, decode {rate:.1f} tok/s over {result.tokens} tokens ({result.measured_by})"
         if floor is None:
             return Stage("throughput", Status.passed, summary + " (no floor in the profile)", details)
-        if result.decode_tokens_per_s >= floor:
+        if rate >= floor:
             return Stage("throughput", Status.passed, f"{summary} >= floor {floor}", details)
         return Stage("throughput", Status.failed, f"{summary} < floor {floor}", details)
 
@@ -554,7 +764,7 @@ def diagnose(smoke: Smoke) -> list[str]:
     report, profile = smoke.report, smoke.profile
     out: list[str] = []
     stage = report.stage
-    names = ("readiness", "identity", "coherence", "golden", "acceptance", "throughput")
+    names = ("readiness", "identity", "coherence", "golden", "acceptance", "throughput")  # and more below
     ready, ident, coh, gold, acc, thr = (stage(n) for n in names)
     server = stage("server")
     unexpected = [s for s in report.stages if s.status is Status.error and s.summary.startswith("could not test:")]
@@ -575,11 +785,36 @@ def diagnose(smoke: Smoke) -> list[str]:
             "the server failed mid-run (connection lost or HTTP 5xx): read the engine log; "
             "the results above are partial"
         )
-    if ident and ident.status is Status.failed:
+    if ident and ident.status is Status.failed and ident.details.get("mismatch") == "speculation":
+        out.append(
+            f"speculative setup: {ident.summary} — the engine runs another command line than the profile's: "
+            "reinstall the unit from the profile (`specdeploy unit render` shows the command) and restart it"
+        )
+    elif ident and ident.status is Status.failed:
         out.append(
             "engine identity: the endpoint runs a different engine/version than the profile pins — "
             "rebuild or pull the pinned image (specdeploy image check) before trusting any other result"
         )
+    conc = stage("concurrency")
+    if conc and conc.status is Status.failed:
+        out.append(
+            f"corrupt under concurrency: answers right one at a time but not with {conc.details.get('concurrency')} "
+            "in flight — suspect the engine's batched kernels or too many draft tokens (the field's drafter at 15 "
+            "tokens: 32/32 at concurrency 1, 11/32 at 4); do not serve it"
+        )
+    elif conc and conc.status is Status.inconclusive:
+        out.append(
+            "concurrent outputs differ from the sequential ones beyond the reported floor, while right and clean: "
+            "batching numerics, or a corruption starting — run the gate again and compare with the golden"
+        )
+    longc = stage("long_context")
+    if longc and longc.status is Status.failed:
+        out.append(
+            f"long context: acceptance collapsed after position {longc.details.get('position')} "
+            "(vllm-project/vllm#52873 saw 0% engine-wide past 32768) — the engine version is suspect"
+        )
+    if thr and thr.status is Status.inconclusive:
+        out.append(f"throughput not measured: {thr.summary}; the profile's floor was not checked")
     est = smoke.acceptance_estimate
     incoherent = coh is not None and coh.status is Status.failed
     measured = acc is not None and acc.status not in (Status.passed, Status.skipped) and est is not None
@@ -601,10 +836,14 @@ def diagnose(smoke: Smoke) -> list[str]:
         )
     if measured and est is not None and not loop:
         decision = acc.details.get("decision")
-        if est.drafts == 0:
+        if est.drafts == 0 or est.mean_acceptance_length <= INACTIVE_ACCEPTANCE:
             out.append(
                 "no drafts: speculative decoding is not enabled on this server — check the engine's "
                 f"--speculative-config (profile method {profile.engine.speculative.method!r})"
+                if est.drafts == 0
+                else f"speculation inactive: acceptance length {est.mean_acceptance_length:.2f} (~1 token per "
+                "verify step) — every draft is rejected or none is proposed; on SGLang NEXTN check "
+                f"--speculative-draft-model-path ({NEXTN_DRAFT_PATH})"
             )
         elif (
             decision == "below"
