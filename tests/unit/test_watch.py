@@ -342,9 +342,13 @@ def test_a_restarted_engine_is_reported_and_judged_on_the_counts_since_its_resta
 def test_requests_that_finished_without_a_draft_fail_as_speculation_off(
     engine: Callable, unit_state: dict, tmp_path: Path
 ) -> None:
-    _, url = engine(speculating=False)
+    """An engine serving without speculation: the smoke's identity stage names it (no per-position
+    counter: k is 0), and the requests users sent finished without a single draft."""
+    stub, url = engine(speculating=False)
+    stub.serve_requests(5)
     result = watch.run_watch(layout.local_layout(tmp_path / "state"), _options(url, tmp_path))
     assert result.verdict is watch.Verdict.failed
+    assert "speculative decoding is off" in _check(result, "identity").summary
     assert "speculative decoding is not active" in _check(result, "acceptance").summary
 
 
@@ -493,8 +497,9 @@ def test_the_cli_prints_the_checks_writes_the_result_and_exits_with_the_verdict(
 
 
 def _sglang(tokens_per_verify: float) -> type:
-    """A loopback stand-in for SGLang serving a6000-mtp: its OpenAI chat, /server_info and the native
-    /generate with `meta_info` (completion_tokens, spec_verify_ct), the only acceptance it reports."""
+    """A loopback stand-in for SGLang serving a6000-mtp: its OpenAI chat, /server_info (the server
+    arguments recorded in tests/data/sglang/get_server_info.json) and the native /generate with
+    `meta_info` (completion_tokens, spec_verify_ct), the only acceptance it reports."""
     answers = {
         "17 times 23": "391",
         "capital of France": "Paris",
@@ -515,11 +520,8 @@ def _sglang(tokens_per_verify: float) -> type:
             self.wfile.write(data)
 
         def do_GET(self) -> None:  # noqa: N802
-            routes = {
-                "/health": "",
-                "/v1/models": {"data": [{"id": "qwen3.6-27b"}]},
-                "/server_info": {"version": "0.5.19"},
-            }
+            info = json.loads((DATA / "sglang" / "get_server_info.json").read_text()) | {"version": "0.5.19"}
+            routes = {"/health": "", "/v1/models": {"data": [{"id": "qwen3.6-27b"}]}, "/server_info": info}
             self._send(routes.get(self.path, {}))
 
         def do_POST(self) -> None:  # noqa: N802
