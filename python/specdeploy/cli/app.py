@@ -12,7 +12,20 @@ from typing import Annotated
 
 import typer
 
-from specdeploy.cli import base, drafter, engine, gate, host, images, profile, rehearsal, rollback, smoke, weights
+from specdeploy.cli import (
+    base,
+    coherence,
+    drafter,
+    engine,
+    gate,
+    host,
+    images,
+    profile,
+    rehearsal,
+    rollback,
+    smoke,
+    weights,
+)
 from specdeploy.cli import lock as lock_cli
 
 app = typer.Typer(
@@ -36,7 +49,7 @@ def root(
     ctx.obj = {"debug": debug}
 
 
-for module in (profile, host, images, weights, drafter, engine, smoke, rollback, gate, rehearsal, lock_cli):
+for module in (profile, host, images, weights, drafter, engine, smoke, coherence, rollback, gate, rehearsal, lock_cli):
     module.register(app)
 
 
