@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from tests.badinput.conftest import Run, Snapshot
 
 JSONL_FIX = 'string field "text"'
@@ -22,7 +21,10 @@ JSONL_FIX = 'string field "text"'
         (b'{"text": "ok"}\n{"answer": "Paris"}\n', ["line 2", 'without "text"', "keys: answer"]),
         (b'{"text": ["a", "b"]}\n', ["line 1", '"text" to be a string', 'found a list ["a", "b"]']),
         (b'{"text": "ok"}\n{"text": "cut\n', ["line 2", "not JSON", "Unterminated string"]),
-        (b'{"text": "' + b"9" * 5000 + b'"}\n{"text": ' + b"9" * 5000 + b"}\n", ["line 2", "more than Python converts"]),
+        (
+            b'{"text": "' + b"9" * 5000 + b'"}\n{"text": ' + b"9" * 5000 + b"}\n",
+            ["line 2", "more than Python converts"],
+        ),
         (b'{"text": "ok"}\n' + b"[" * 100_000 + b"\n", ["line 2", "nested too deeply"]),
     ],
 )
