@@ -6,6 +6,7 @@ fix; the file is never changed."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,13 +30,13 @@ JSONL_FIX = 'string field "text"'
     ],
 )
 def test_a_line_of_the_wrong_shape_is_named_with_expected_and_found(
-    run: Run, tmp_path: Path, content: bytes, names: list[str]
+    run: Run, snapshot: Callable[..., Snapshot], tmp_path: Path, content: bytes, names: list[str]
 ) -> None:
     path = tmp_path / "outputs.jsonl"
     path.write_bytes(content)
-    snapshot = Snapshot(tmp_path)
+    before = snapshot(tmp_path)
     run("coherence", path).expect(2, str(path), *names, fix=JSONL_FIX)
-    assert snapshot.unchanged()
+    before.unchanged()
 
 
 def test_an_empty_file_holds_no_outputs(run: Run, tmp_path: Path) -> None:
