@@ -11,6 +11,7 @@
       forAllSystems = f: nixpkgs.lib.genAttrs systems (system: f system nixpkgs.legacyPackages.${system});
       runtimeDeps = ps: with ps; [
         click
+        ftfy
         httpx
         huggingface-hub
         numpy
@@ -20,6 +21,7 @@
         pyyaml
         rich
         typer
+        wordfreq
       ];
     in
     {

@@ -12,7 +12,20 @@ from typing import Annotated
 
 import typer
 
-from specdeploy.cli import base, drafter, engine, gate, host, images, profile, rehearsal, rollback, smoke, weights
+from specdeploy.cli import (
+    base,
+    coherence,
+    drafter,
+    engine,
+    gate,
+    host,
+    images,
+    profile,
+    rehearsal,
+    rollback,
+    smoke,
+    weights,
+)
 from specdeploy.cli import lock as lock_cli
 from specdeploy.cli import watch as watch_cli
 
@@ -37,7 +50,7 @@ def root(
     ctx.obj = {"debug": debug}
 
 
-for module in (profile, host, images, weights, drafter, engine, smoke, rollback, gate, rehearsal, lock_cli):
+for module in (profile, host, images, weights, drafter, engine, smoke, coherence, rollback, gate, rehearsal, lock_cli):
     module.register(app)
 watch_cli.register(app)  # after the deploy: the light gate the host's timer runs
 

@@ -1,0 +1,41 @@
+"""The coherence corpora (tests/data/coherence, README.md there): real degenerate outputs quoted
+in public engine issues, split into a held-out and a tuning half, and real healthy model
+answers, plus the healthy texts of healthy_corpus.py and the labelled healthy outputs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.support.data import DATA
+from tests.support.healthy_corpus import gather
+
+COHERENCE = DATA / "coherence"
+HALVES = ("heldout", "tuning")
+# The held-out half's sha256 at the commit that added it, before any detector change (issue 22).
+HELDOUT_SHA256 = "19c2762fbe1adc9bd89e8773edcc550670bd598558483252450191e29e67f7e5"
+
+
+def _jsonl(name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (COHERENCE / name).read_text(encoding="utf-8").splitlines()]
+
+
+def degenerate(half: str) -> list[dict[str, Any]]:
+    """One half of the degenerate corpus: {"text", "source", "engine", "class", "note"?}."""
+    return _jsonl(f"degenerate-{half}.jsonl")
+
+
+def real_answers() -> list[dict[str, Any]]:
+    """Recorded model answers: {"text", "kind" (answer|code), "lang", "model", "source", "item"}."""
+    return _jsonl("healthy-answers.jsonl") + _jsonl("healthy-code.jsonl")
+
+
+def healthy_texts() -> list[tuple[str, str]]:
+    """Every healthy text as (kind, text): catalogs, READMEs and stdlib code (healthy_corpus),
+    the real answers ("answer:LANG", "code:LANG") and the healthy lines of the recorded outputs."""
+    texts = list(gather())
+    texts += [(f"{row['kind']}:{row['lang']}", row["text"]) for row in real_answers()]
+    for name in ("rehearsal-outputs.jsonl", "field-outputs.jsonl"):
+        rows = [json.loads(line) for line in (DATA / name).read_text(encoding="utf-8").splitlines()]
+        texts += [(f"recorded:{name}", row["text"]) for row in rows if row["label"] == "healthy"]
+    return texts
