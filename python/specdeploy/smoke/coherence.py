@@ -59,9 +59,12 @@ class Finding:
 # (<|name|>), DeepSeek (fullwidth bars), Gemma, FIM (StarCoder/Granite spelling without bars),
 # SentencePiece/BERT specials, Llama 2's [INST] and <<SYS>>.
 _TEMPLATE_RE = re.compile(
-    r"<\|[a-z][a-z0-9_]{1,30}\|>"
+    r"<\|[A-Za-z][A-Za-z0-9_]{1,30}\|>"  # also upper case: <|EOT|>, <|END_OF_TURN_TOKEN|>
     r"|<｜[^｜\n]{1,40}｜>"
-    r"|<(?:start|end)_of_turn>|<(?:eos|bos|pad|unk|mask)>|<unused\d{1,3}>|<0x[0-9A-F]{2}>"
+    r"|</?(?:start|end)_of_(?:turn|text)>|<unused\d{1,3}>|<0x[0-9A-F]{2}>"
+    # SentencePiece/BERT/Cohere specials in either case, with or without "_TOKEN"
+    r"|<(?:eos|bos|pad|unk|mask|sep|cls|eop|eot)(?:_token)?>|<(?:EOS|BOS|PAD|UNK|MASK|SEP|CLS|EOP|EOT)(?:_TOKEN)?>"
+    r"|<reserved_\d{1,4}>|\[control_\d{1,4}\]|<extra_id_\d{1,3}>"
     r"|<(?:fim_(?:prefix|suffix|middle|pad)|file_sep|repo_name|reponame|gh_stars)>"
     r"|\[/?INST\]|<</?SYS>>|\[(?:PAD|UNK|CLS|SEP|MASK)\]"
     r"|<\|?(?:channel|message|constrain)\|?>"
@@ -200,7 +203,20 @@ def _repeated_lines(text: str) -> Finding | None:
             return Finding("repeated-lines", f"{n}x the same {size}-byte sentence: {key[:60]!r}")
         if n < 2:
             break
+    lines = [line.strip() for line in prose.split("\n") if line.strip()]
+    if len(lines) >= 3 and len(set(lines)) == 1:  # the whole answer is one line said again and again
+        return Finding("repeated-lines", f"the only line, {len(lines)}x: {lines[0][:60]!r}")
+    # a paragraph said twice, however it is indented (a reasoning loop's long turns)
+    paragraphs = Counter(
+        " ".join(line.strip() for line in block.split("\n")).strip() for block in _BLANK_LINE_RE.split(prose)
+    )
+    for block, n in paragraphs.most_common(1):
+        if n >= 2 and len(block.encode("utf-8")) >= 120:
+            return Finding("repeated-lines", f"{n}x the same paragraph: {block[:60]!r}")
     return None
+
+
+_BLANK_LINE_RE = re.compile(r"\n[ \t]*\n")
 
 
 # ----------------------------------------------------------------------------- scripts
@@ -377,6 +393,10 @@ def _fragments(text: str) -> Finding | None:
     unclosed = sum(1 for line in lines if line.count('"') % 2 == 1)
     if lone >= 3 and lone >= 0.3 * len(lines):
         return Finding("fragments", f"{lone} of {len(lines)} lines are a lone punctuation mark")
+    # one token per line ("当然\n可以\n。\n请\n…", "2\n*\n1\n Wal\n…"): lines of up to 3 characters
+    tiny = sum(1 for line in lines if len(line) <= 3)
+    if len(lines) >= 10 and tiny >= 0.6 * len(lines):
+        return Finding("fragments", f"{tiny} of {len(lines)} lines hold 3 characters or fewer")
     if unclosed >= 10 and unclosed >= 0.3 * len(lines):
         return Finding("fragments", f"{unclosed} of {len(lines)} lines open a quotation and never close it")
     return None
@@ -384,6 +404,7 @@ def _fragments(text: str) -> Finding | None:
 
 # ----------------------------------------------------------------------------- stutter, spacing
 _GLUED_TWICE_RE = re.compile(r"\b([A-Za-z]{2,})\1\b")
+_GLUED_THRICE_RE = re.compile(r"([^\W\d_]{3,})\1\1")  # "friendfriendfriend", "TheTheThe", any script
 
 
 def _stutter(text: str) -> Finding | None:
@@ -391,6 +412,8 @@ def _stutter(text: str) -> Finding | None:
     if len(words) < 6:
         return None
     # single letters repeat in formulas ("x x" of "3x^3 + 2x^2"); "is is is" loops are loops
+    if thrice := _GLUED_THRICE_RE.search(_MARKUP_RE.sub(" ", _code_free(text))):
+        return Finding("stutter", f"a word glued to itself three times: {thrice.group()!r}")
     doubled = sum(1 for a, b in zip(words, words[1:], strict=False) if a == b and len(a) >= 2)
     glued = len(_GLUED_TWICE_RE.findall(text))
     if doubled + glued >= 3 and doubled + glued >= 0.2 * len(words):
@@ -402,8 +425,20 @@ _DOUBLE_SPACE_RE = re.compile(r"(?<=[^\W\d_])[.,!?]? {2}(?=[^\W\d_])")
 _SINGLE_SPACE_RE = re.compile(r"(?<=[^\W\d_])[.,!?]? (?=[^\W\d_])")
 
 
+# A word of 32+ letters in lower case (after a capital at most): words run together, any
+# language's longest common words are shorter ("Thereareseveralclassesavailablebydefault").
+_RUN_TOGETHER_RE = re.compile(r"(?<![\w-])[A-Z]?[a-z]{31,}(?![\w-])")
+# Byte-level BPE's space and newline (Ġ U+0120, Ċ U+010A) after a lower-case letter or a mark,
+# SentencePiece's space (▁ U+2581) between letters: tokens printed undecoded ("HelloĠworld").
+_BPE_SPACE_RE = re.compile(r"(?<=[a-z0-9\"',.:;{}\[\]()`])[ĠĊ]|(?<=[^\W\d_])▁(?=[^\W\d_])")
+
+
 def _spacing(text: str) -> Finding | None:
     prose = _code_free(text)
+    if len(markers := _BPE_SPACE_RE.findall(text)) >= 1 and ("▁" not in markers or len(markers) >= 2):
+        return Finding("broken-spacing", f"{len(markers)} tokenizer space markers left in the text: {markers[:3]}")
+    if glued := _RUN_TOGETHER_RE.search(_MARKUP_RE.sub(" ", prose)):
+        return Finding("broken-spacing", f"{len(glued.group())} letters without a space: {glued.group()[:40]!r}")
     doubled = len(_DOUBLE_SPACE_RE.findall(prose)) if "  " in prose else 0
     if doubled >= 8 and doubled >= (single := len(_SINGLE_SPACE_RE.findall(prose))):
         return Finding("broken-spacing", f"{doubled} of {doubled + single} word gaps are two spaces")
@@ -477,6 +512,14 @@ def detect(text: str) -> list[Finding]:
 
     if bang := _BANG_RE.search(text):
         findings.append(Finding("exclamation-run", f"a run of {len(bang.group())} '!' (NaN logits decode to '!')"))
+
+    visible = [ch for ch in stripped if not ch.isspace()]
+    if len(visible) >= 3 and not any(ch.isalnum() for ch in visible):
+        findings.append(Finding("no-words", f"{len(visible)} characters and not one letter or digit"))
+    for period in range(1, 5):  # "GGGGGGGGG", "OfOfOfOf": the whole answer is one short unit again
+        if len(stripped) >= 5 * period and stripped == stripped[:period] * (len(stripped) // period):
+            findings.append(Finding("repetition-loop", f"the whole output repeats {stripped[:period]!r}"))
+            break
 
     loop = _loop_finding(_RULE_LINE_RE.sub("", stripped))
     if loop:
