@@ -11,7 +11,16 @@ import unicodedata
 from collections import Counter
 
 import pytest
-from tests.support.coherence_corpus import COHERENCE, HELDOUT_SHA256, degenerate, healthy_texts, real_answers
+from tests.support.coherence_corpus import (
+    COHERENCE,
+    HALVES,
+    HELDOUT2_SHA256,
+    HELDOUT_SHA256,
+    degenerate,
+    healthy_texts,
+    real_answers,
+    tuning_data,
+)
 from tests.support.data import DATA
 from tests.support.healthy_corpus import LANGUAGES, gather
 
@@ -105,6 +114,7 @@ CLASSES = {
     "replacement-chars",
     "exclamation-run",
     "detokenizer-spacing",
+    "mojibake",
 }
 
 
@@ -112,16 +122,21 @@ def _rate(rows: list[dict[str, str]]) -> float:
     return sum(1 for row in rows if coherence.detect(row["text"])) / len(rows)
 
 
-def test_the_held_out_half_is_the_file_committed_before_any_detector_change() -> None:
-    data = (COHERENCE / "degenerate-heldout.jsonl").read_bytes()
-    assert hashlib.sha256(data).hexdigest() == HELDOUT_SHA256
+@pytest.mark.parametrize(("name", "sha256"), [("heldout", HELDOUT_SHA256), ("heldout-2", HELDOUT2_SHA256)])
+def test_each_held_out_half_is_the_file_committed_before_its_rounds_detector_changes(name: str, sha256: str) -> None:
+    data = (COHERENCE / f"degenerate-{name}.jsonl").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == sha256
 
 
-def test_the_degenerate_corpus_has_60_plus_cited_outputs_in_every_class_split_in_two_halves() -> None:
-    heldout, tuning = degenerate("heldout"), degenerate("tuning")
-    rows = heldout + tuning
-    assert len(rows) >= 60 and abs(len(heldout) - len(tuning)) <= 1
-    assert not {r["text"] for r in heldout} & {r["text"] for r in tuning}
+def test_the_degenerate_corpus_has_cited_outputs_in_every_class_split_in_halves_per_round() -> None:
+    halves = {half: degenerate(half) for half in HALVES}
+    for heldout, tuning in (("heldout", "tuning"), ("heldout-2", "tuning-2")):
+        assert len(halves[heldout]) + len(halves[tuning]) >= 60
+        assert abs(len(halves[heldout]) - len(halves[tuning])) <= 1
+    rows = [row for half in HALVES for row in halves[half]]
+    assert len({row["text"] for row in rows}) == len(rows)  # no output twice, in a round or across
+    round_1 = {(r["source"], r["text"]) for r in halves["heldout"] + halves["tuning"]}
+    assert not round_1 & {(r["source"], r["text"]) for r in halves["heldout-2"] + halves["tuning-2"]}
     assert {r["class"] for r in rows} == CLASSES
     for row in rows:
         assert row["text"].strip() and row["engine"], row
@@ -131,24 +146,26 @@ def test_the_degenerate_corpus_has_60_plus_cited_outputs_in_every_class_split_in
         assert set(row) <= {"text", "source", "engine", "class", "note"}, row
 
 
-# Measured once, at the end of the tuning (674b005, docs/benchmarks.md): 29 of 40. Issue 22's
-# target is 85%; it was not reached, and the held-out misses were never looked at (protocol).
-HELDOUT_MEASURED = 29 / 40
+# Round 1's held-out half was measured once (674b005): 29 of 40; since round 2 it is tuning data
+# (its misses may be read). Round 2's held-out half was measured once, at the end of round 2's
+# tuning (docs/benchmarks.md): 26 of 31 (83.9%; 22 of 31 before round 2). Issue 22's target is
+# 85%; it is not reached, and round 2's held-out misses were never looked at (protocol).
+HELDOUT2_MEASURED = 26 / 31
 
 
-def test_the_held_out_half_is_flagged_at_least_at_the_rate_measured_once() -> None:
-    rate = _rate(degenerate("heldout"))  # the rate only: the misses are not looked at (protocol)
-    assert rate >= HELDOUT_MEASURED, f"held-out rate {rate:.1%}"
+def test_round_2s_held_out_half_is_flagged_at_least_at_the_rate_measured_once() -> None:
+    rate = _rate(degenerate("heldout-2"))  # the rate only: the misses are not looked at (protocol)
+    assert rate >= HELDOUT2_MEASURED, f"held-out rate {rate:.1%}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22's target, not reached: 72.5% measured once (docs/benchmarks.md)")
-def test_the_held_out_half_is_flagged_at_85_percent_or_more() -> None:
-    rate = _rate(degenerate("heldout"))
+@pytest.mark.xfail(strict=True, reason="issue 22's target, not reached: 83.9% measured once (docs/benchmarks.md)")
+def test_round_2s_held_out_half_is_flagged_at_85_percent_or_more() -> None:
+    rate = _rate(degenerate("heldout-2"))
     assert rate >= 0.85, f"held-out rate {rate:.1%}"
 
 
-def test_the_tuning_half_is_flagged_at_85_percent_or_more() -> None:
-    rows = degenerate("tuning")
+def test_the_tuning_data_is_flagged_at_85_percent_or_more() -> None:
+    rows = tuning_data()  # round 1's two halves and round 2's tuning half
     missed = [(row["class"], row["text"][:60]) for row in rows if not coherence.detect(row["text"])]
     assert _rate(rows) >= 0.85, missed
 
