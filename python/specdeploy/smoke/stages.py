@@ -313,6 +313,7 @@ class Smoke:
         self.report = SmokeReport(profile.name, endpoint)
         self.outputs: dict[str, str] = {}
         self.acceptance_estimate: acceptance.Estimate | None = None
+        self.served_k: int | None = None  # the served draft count, where identity could read it
         self.acceptance_texts: list[str] = []
 
     @property
@@ -441,6 +442,7 @@ class Smoke:
             )
         served = self._served_speculation()
         details["speculation"] = served
+        self.served_k = served["k"]
         if problem := speculation_mismatch(self.profile, served):
             details["mismatch"] = "speculation"
             return Stage("identity", Status.failed, problem, details)
@@ -667,6 +669,16 @@ class Smoke:
             where += f"; {other} other request(s) seen on the server during the smoke"
         if est.drafts == 0:
             return Stage("acceptance", Status.failed, f"no drafts at all over {used} requests ({where})", details)
+        want_k = self.profile.engine.speculative.num_speculative_tokens
+        if self.served_k is None and est.per_position and len(est.per_position) != want_k:
+            # identity could not read k (no position labels before the first request): the waves' own counters tell
+            served = {
+                "method": None,
+                "k": len(est.per_position),
+                "sources": ["the acceptance waves' per-position counter"],
+            }
+            details["mismatch"] = speculation_mismatch(self.profile, served)
+            return Stage("acceptance", Status.failed, str(details["mismatch"]), details)
         if est.mean_acceptance_length <= INACTIVE_ACCEPTANCE:
             return Stage(
                 "acceptance",
