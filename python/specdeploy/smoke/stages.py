@@ -679,7 +679,9 @@ class Smoke:
             }
             details["mismatch"] = speculation_mismatch(self.profile, served)
             return Stage("acceptance", Status.failed, str(details["mismatch"]), details)
-        if est.mean_acceptance_length <= INACTIVE_ACCEPTANCE:
+        if est.mean_acceptance_length <= INACTIVE_ACCEPTANCE and not est.per_position:
+            # SGLang (no per-position counts): one token per verify step is speculation doing nothing. vLLM's
+            # per-position rates tell a drafter proposing wrong tokens (the field's config) apart: below.
             return Stage(
                 "acceptance",
                 Status.failed,
@@ -808,7 +810,7 @@ def diagnose(smoke: Smoke) -> list[str]:
             "rebuild or pull the pinned image (specdeploy image check) before trusting any other result"
         )
     conc = stage("concurrency")
-    if conc and conc.status is Status.failed:
+    if conc and conc.status is Status.failed and coh is not None and coh.status is Status.passed:
         out.append(
             f"corrupt under concurrency: answers right one at a time but not with {conc.details.get('concurrency')} "
             "in flight — suspect the engine's batched kernels or too many draft tokens (the field's drafter at 15 "
@@ -848,7 +850,7 @@ def diagnose(smoke: Smoke) -> list[str]:
         )
     if measured and est is not None and not loop:
         decision = acc.details.get("decision")
-        if est.drafts == 0 or est.mean_acceptance_length <= INACTIVE_ACCEPTANCE:
+        if est.drafts == 0 or (est.mean_acceptance_length <= INACTIVE_ACCEPTANCE and not est.per_position):
             out.append(
                 "no drafts: speculative decoding is not enabled on this server — check the engine's "
                 f"--speculative-config (profile method {profile.engine.speculative.method!r})"
