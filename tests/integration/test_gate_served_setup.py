@@ -22,7 +22,7 @@ from specdeploy.core.layout import local_layout
 from specdeploy.gate.run import GateOptions, run_gate
 from specdeploy.profile import Profile, load_profile, resolve_profile_path
 from specdeploy.profile.lock import Lock
-from specdeploy.rehearsal import launcher, variants
+from specdeploy.rehearsal import launcher, proof, variants
 from specdeploy.smoke.stages import SmokeOptions, Status, run
 
 pytestmark = pytest.mark.vllm
@@ -56,10 +56,11 @@ def test_a_server_with_twice_the_profiles_k_fails_the_gate_naming_both(stack: St
     assert [s["name"] for s in report.smoke["stages"]] == ["readiness", "identity"]
 
 
-def test_a_server_with_another_method_fails_the_gate_naming_both(stack: Stack, tmp_path: Path) -> None:
-    """The DFlash stack gated with the draft-model profile: the same k, so only the startup log's
-    SpeculativeConfig(method=...) tells them apart (vLLM's HTTP API does not say the method)."""
-    engine = stack("dflash-random")
+def test_a_server_with_another_method_fails_the_gate_naming_both(dflash_run: proof.ProofResult, tmp_path: Path) -> None:
+    """The DFlash server (the session's, port 8101) gated with the draft-model profile: the same k, so
+    only the startup log's SpeculativeConfig(method=...) tells them apart (vLLM's API does not say it)."""
+    engine = dflash_run.engine
+    assert engine is not None
     serve = engine.profile.engine.serve
     profile = variants.derive(
         load_profile("cpu-rehearsal"),

@@ -182,7 +182,7 @@ def test_server_killed_mid_run(stack: Stack, monkeypatch: pytest.MonkeyPatch) ->
     smoke's first chat request, so the rest of the run meets a dead server. The kill hooks the
     client's first answer instead of a watcher polling metrics: a watcher lost the race to a
     smoke that finished in 0.9 s on a loaded CI machine."""
-    engine = stack("no-spec")
+    engine = stack("double-k")  # served as its own profile says (identity passes); nothing uses it after this
     answered = engines.EngineClient.chat
 
     def chat_then_kill(self: engines.EngineClient, *args: Any, **kwargs: Any) -> engines.Completion:

@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from tests.integration.test_deploy_rehearsal import API_KEY, MODELS
 from tests.support.testhost import Host
 
 from specdeploy.core import layout
@@ -92,6 +93,9 @@ def _playbook(
         run_id=new_run_id(),
         profile=profile,
         profiles=ROOT / "profiles",
+        extra_vars={"specdeploy_models_dir": MODELS},
+        # the inventory's vault-encrypted key, as the deploy tests' plays read it
+        vault=deploy.rehearsal_vault(host.key.parent / "watch-secrets", api_key=API_KEY),
     )
     return deploy.run_playbook([*argv, "-e", json.dumps({"watch_hook": [HOOK, *HOOK_ARGS]}), *options], capture=True)
 
