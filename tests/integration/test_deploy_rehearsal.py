@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.support.rehearsal_host import API_KEY, MODELS
 from tests.support.testhost import Host
 
 from specdeploy.core import layout
@@ -34,11 +35,9 @@ from specdeploy.rehearsal import deploy, variants
 
 pytestmark = [pytest.mark.testhost, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[2]
-MODELS = "/srv/specdeploy/models"  # not the layout's default: the inventory override must reach every stage
 DEFAULT = layout.HostLayout()
 SWITCH = "cpu-rehearsal-0-31"  # the other engine release the switch rehearsal moves the host to
 ENGINES = layout.InstallLayout().engines
-API_KEY = "sk-CANARY-" + "7f3a9c2e4b1d8065" * 2  # a canary: it must show up nowhere but its key file
 CLI = layout.InstallLayout().to_json()["cli"]
 
 

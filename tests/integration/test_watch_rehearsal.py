@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from tests.integration.test_deploy_rehearsal import API_KEY, MODELS
+from tests.support.rehearsal_host import API_KEY, MODELS
 from tests.support.testhost import Host
 
 from specdeploy.core import layout
