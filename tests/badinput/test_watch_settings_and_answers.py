@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 from tests.badinput.conftest import Run, write
-from tests.support.stub import stubs
-from tests.support.vllm_stub import VLLMStub, handler
+from tests.support.vllm_stub import VLLMStub, engines
 
 HOOK_FIX = "watch_hook"
 SETTINGS_FIX = "the watch role writes this file"
@@ -40,12 +39,7 @@ def no_systemd(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
 
 @pytest.fixture
 def engine() -> Iterator[Callable[..., tuple[VLLMStub, str]]]:
-    with stubs() as started:
-
-        def start(**settings: object) -> tuple[VLLMStub, str]:
-            stub = VLLMStub(**settings)  # type: ignore[arg-type]
-            return stub, started.start(handler(stub))
-
+    with engines() as start:
         yield start
 
 

@@ -17,9 +17,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.support.stub import stubs
 
 # What cpu-rehearsal's known-answer prompts get from a healthy engine (its fixture target's answers).
 ANSWERS = {
@@ -157,3 +161,16 @@ def handler(stub: VLLMStub) -> type[BaseHTTPRequestHandler]:
             self._serve("POST", json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}"))
 
     return Handler
+
+
+@contextmanager
+def engines() -> Iterator[Callable[..., tuple[VLLMStub, str]]]:
+    """`with engines() as start: stub, url = start(acceptance=2.8, ...)`: vLLM stand-ins on loopback
+    ports, all stopped on exit."""
+    with stubs() as started:
+
+        def start(**settings: object) -> tuple[VLLMStub, str]:
+            stub = VLLMStub(**settings)  # type: ignore[arg-type]
+            return stub, started.start(handler(stub))
+
+        yield start

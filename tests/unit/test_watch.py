@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.support.stub import stubs
-from tests.support.vllm_stub import VLLMStub, handler
+from tests.support.vllm_stub import VLLMStub, engines
 from typer.testing import CliRunner
 
 from specdeploy.cli import app
@@ -45,12 +45,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 @pytest.fixture
 def engine() -> Iterator[Callable[..., tuple[VLLMStub, str]]]:
     """`stub, url = engine(acceptance=2.8, ...)`: a vLLM stand-in on a loopback port."""
-    with stubs() as started:
-
-        def start(**settings: object) -> tuple[VLLMStub, str]:
-            stub = VLLMStub(**settings)  # type: ignore[arg-type]
-            return stub, started.start(handler(stub))
-
+    with engines() as start:
         yield start
 
 
