@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tests.support.data import DATA
 from tests.support.stub import stubs
 from tests.support.vllm_stub import VLLMStub, engines
 from typer.testing import CliRunner
@@ -36,7 +37,6 @@ from specdeploy.watch import counters, hook, textfile, units
 from specdeploy.watch import run as watch
 
 CANARY_KEY = "sk-CANARY-watch-" + "5e1f" * 8
-DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -375,6 +375,25 @@ def test_another_engine_version_fails_the_identity_check(engine: Callable, unit_
     identity = _check(result, "identity")
     assert result.verdict is watch.Verdict.failed and identity.status is watch.Status.failed
     assert "0.31.0" in identity.summary and "0.32.0" in identity.summary
+
+
+def test_the_light_gate_reads_the_served_method_from_the_startup_log_and_names_both(
+    engine: Callable, unit_state: dict, tmp_path: Path
+) -> None:
+    """A real vLLM 0.26 startup log recorded on a GPU host (tests/data/gpu-vllm-0.26/dfv2.log:
+    DFlash, k=3) beside the cpu-rehearsal profile (draft_model, k=3): the identity fails naming both
+    methods; the same engine with its own log (draft_model) passes."""
+    _, url = engine(acceptance=2.8)
+    dflash_log = (DATA / "gpu-vllm-0.26" / "dfv2.log").read_text(errors="replace")
+    result = watch.run_watch(layout.local_layout(tmp_path / "a"), _options(url, tmp_path, startup_log=dflash_log))
+    identity = _check(result, "identity")
+    assert result.verdict is watch.Verdict.failed and identity.status is watch.Status.failed
+    assert "dflash" in identity.summary and "draft_model" in identity.summary, identity.summary
+    own = "INFO with config: model='/m', speculative_config=SpeculativeConfig(method='draft_model', "
+    own += "model='/d', num_spec_tokens=3), tokenizer='/m'"
+    result = watch.run_watch(layout.local_layout(tmp_path / "b"), _options(url, tmp_path, startup_log=own))
+    assert _check(result, "identity").status is watch.Status.passed, _check(result, "identity").summary
+    assert "draft_model k=3" in _check(result, "identity").summary
 
 
 def test_an_unreachable_engine_could_not_be_tested_and_calls_the_hook(

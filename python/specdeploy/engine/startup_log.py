@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 
 from specdeploy.core import files
-from specdeploy.core.errors import ProfileError, ProgramError
+from specdeploy.core.errors import ProfileError, ProgramError, SpecdeployError
 from specdeploy.engine.speculation import ServedSpeculation
 from specdeploy.profile import Profile
 
@@ -294,6 +294,22 @@ def _unit_state(unit: str) -> dict[str, str] | None:
         return None
     state = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     return state if state.get("LoadState") == "loaded" else None
+
+
+def reader(unit: str, log_text: str | None = None) -> Callable[[], str]:
+    """The engine's startup log for the smoke's served-identity check (the method vLLM serves with):
+    the saved log where one is given, else the unit's journal since its current start ("" where no
+    journal can be read: the method is then not checked, and the identity stage says so)."""
+    if log_text is not None:
+        return lambda: log_text
+
+    def read() -> str:
+        try:
+            return journal_of_current_run(unit)
+        except SpecdeployError:
+            return ""
+
+    return read
 
 
 def unit_down(unit: str) -> Callable[[], str | None]:

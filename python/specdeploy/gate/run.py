@@ -340,22 +340,6 @@ def _prune_images(image_name: str, host: layout.HostLayout, options: GateOptions
     return pruned.lines()
 
 
-def _startup_log_reader(options: GateOptions, log_text: str | None) -> Callable[[], str]:
-    """The engine's startup log for the smoke's served-identity check: the saved log, else the unit's
-    journal since its current start ("" where no journal can be read: the method is then not checked,
-    and the report says so)."""
-    if log_text is not None:
-        return lambda: log_text
-
-    def read() -> str:
-        try:
-            return startup_log.journal_of_current_run(options.unit)
-        except SpecdeployError:
-            return ""
-
-    return read
-
-
 def _restore_and_prove(unit: str) -> Callable[[layout.HostLayout, str], restore.Outcome]:
     return lambda host, run_id: restore.restore_and_prove(host, run_id, unit=unit)
 
@@ -384,7 +368,7 @@ def _gate(
             show_progress=options.show_progress,
             readiness_timeout_s=options.readiness_timeout_s,
             engine_down=startup_log.unit_down(options.unit) if options.log_file is None else None,
-            startup_log=_startup_log_reader(options, log_text) if profile.engine.kind == "vllm" else None,
+            startup_log=startup_log.reader(options.unit, log_text) if profile.engine.kind == "vllm" else None,
             golden=known if known.is_file() else None,
             record_golden=None if known.is_file() else recorded,
         )

@@ -1,8 +1,10 @@
 """The light gate: `specdeploy watch run`, what the host's timer runs every `watch.interval_s`.
 
 Lighter than the deploy's gate and never acting on the stack: readiness (a short wait), the
-smoke's identity stage (the served engine and version, and whatever else the smoke's identity
-checks), the profile's known answers read by the smoke's answer checks and degeneracy detectors
+smoke's identity stage (the served engine and version, and the speculative setup: k from the
+engine's per-position counters, and on vLLM the method from the unit's startup log, its journal
+since the current start; SGLang's both from its server info), the profile's known answers read by
+the smoke's answer checks and degeneracy detectors
 (smoke.stages.check_answer, smoke.coherence.detect), and acceptance over the interval since the
 previous light gate from the engine's own counters (watch.counters; SGLang exports none, so
 there one wave of the profile's acceptance prompts is measured per request, as the smoke does).
@@ -87,6 +89,7 @@ class WatchOptions:
     systemctl: str = "systemctl"  # the engine unit's state (NRestarts); "" reads no unit
     unit_files: tuple[Path, ...] = tuple(layout.UNIT_FILES.values())
     clock: Callable[[], float] = time.time
+    startup_log: str | None = None  # the engine's startup log; default: the unit's journal (with systemctl)
 
 
 def _iso(unix: float) -> str:
@@ -411,6 +414,10 @@ def _judge(result: WatchResult, host: layout.HostLayout, options: WatchOptions) 
             show_progress=False,
             readiness_timeout_s=options.readiness_timeout_s or profile.watch.readiness_timeout_s,
             engine_down=startup_log.unit_down(options.unit) if options.systemctl else None,
+            # the method vLLM serves with is only in its startup log (k is in its counters)
+            startup_log=startup_log.reader(options.unit, options.startup_log)
+            if profile.engine.kind == "vllm" and (options.systemctl or options.startup_log is not None)
+            else None,
         ),
     )
     try:
