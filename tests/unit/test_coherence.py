@@ -274,6 +274,15 @@ VOCABULARY = [
         ("Thereareseveral,classesofthings.Eachhasitsown;purposeandstructure:thatiswhatmatters.", "broken-spacing"),
         ("(;?1 -**+0.9**\n\n<<>>~~##@@ %%^^&&** ((]]{{ }}|| ++==--__ //\\\\ ::;;", "punctuation-salad"),
         ("ok\x00\x01 then", "bad-characters"),
+        # round 3
+        ("ぬぬぬぬぬぬ…", "repetition-loop"),  # 18 bytes of one kana, most of the answer
+        ("The operating system is One" + "#" * 24, "repetition-loop"),  # a mark run glued to a word
+        ("Google¡¯s engine is fast and it¡¯s free.", "mojibake"),  # GBK quotes read as Latin-1
+        (r"""\\\}#@)\// &#..\\\'\x,8\\, \""%$ ^{;}~ <\\>""", "punctuation-salad"),  # marks, few letters
+        ("Here: k3#P!9@z(2%Q;7&m)1^X*4+w=6-J~0<f>5,T.8!r4$", "punctuation-salad"),  # characters, no words
+        ("Well — — ( ( — ' —. … — — ' — ( — — — — — — — — — — ' — — —. — — …", "punctuation-salad"),
+        ("Office:<unused6226><unused6226> a workspace.", "template-tokens"),
+        ("Sure.\n" + "You are the best assistant and your name is Ada…\n" * 3, "repeated-lines"),
     ],
 )
 def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> None:
@@ -295,6 +304,13 @@ def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> Non
         "x = 1  # 设置变量\ny = 2  # 第二个变量",
         "Title\n" + "=" * 60 + "\n\nSome text about the topic.",
         "The Russian word *привет* means hello, and **спасибо** means thank you.",
+        # round 3
+        "¡Hola! ¿Cómo estás? Muy bien, gracias. ¡Hasta luego!",
+        "Use C# or F# for this, or #### for a level-4 heading.",
+        "The SHA-256 is 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08.",
+        "Москва — столица России — и крупнейший город — страны.",
+        "Chapter 1 ........................ 12\nChapter 2 ........................ 34",
+        "$$x = \\frac{-b \\pm \\sqrt{b^2-4ac}}{2a}$$",
     ],
 )
 def test_new_detectors_stay_quiet_on_normal_multilingual_text(text: str) -> None:
