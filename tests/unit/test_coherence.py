@@ -156,9 +156,10 @@ def test_the_degenerate_corpus_has_cited_outputs_in_every_class_split_in_halves_
 # Round 1's held-out half was measured once (674b005): 29 of 40; since round 2 it is tuning data.
 # Round 2's held-out half was measured once, at the end of round 2: 26 of 31 (83.9%); since round 3
 # it is tuning data (its misses may be read). Round 3's held-out half (0e72457) was measured with
-# the detectors before round 3 (23 of 32) and is measured once more at the end of round 3's tuning
-# (docs/benchmarks.md); its misses are never looked at (protocol, tests/data/coherence/README.md).
-HELDOUT3_MEASURED = 23 / 32
+# the detectors before round 3 (23 of 32) and once at the end of round 3's tuning (600f707):
+# 24 of 32 (75.0%, docs/benchmarks.md). Issue 22's target is 85%; it is not reached, and round
+# 3's held-out misses were never looked at (protocol, tests/data/coherence/README.md).
+HELDOUT3_MEASURED = 24 / 32
 
 
 def test_round_3s_held_out_half_is_flagged_at_least_at_the_rate_measured_once() -> None:
@@ -166,7 +167,7 @@ def test_round_3s_held_out_half_is_flagged_at_least_at_the_rate_measured_once() 
     assert rate >= HELDOUT3_MEASURED, f"held-out rate {rate:.1%}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22's target, not reached: 71.9% before round 3 (docs/benchmarks.md)")
+@pytest.mark.xfail(strict=True, reason="issue 22's target, not reached: 75.0% measured once (docs/benchmarks.md)")
 def test_round_3s_held_out_half_is_flagged_at_85_percent_or_more() -> None:
     rate = _rate(degenerate("heldout-3"))
     assert rate >= 0.85, f"held-out rate {rate:.1%}"
