@@ -15,6 +15,7 @@ from tests.support.coherence_corpus import (
     COHERENCE,
     HALVES,
     HELDOUT2_SHA256,
+    HELDOUT3_SHA256,
     HELDOUT_SHA256,
     degenerate,
     healthy_texts,
@@ -122,7 +123,9 @@ def _rate(rows: list[dict[str, str]]) -> float:
     return sum(1 for row in rows if coherence.detect(row["text"])) / len(rows)
 
 
-@pytest.mark.parametrize(("name", "sha256"), [("heldout", HELDOUT_SHA256), ("heldout-2", HELDOUT2_SHA256)])
+@pytest.mark.parametrize(
+    ("name", "sha256"), [("heldout", HELDOUT_SHA256), ("heldout-2", HELDOUT2_SHA256), ("heldout-3", HELDOUT3_SHA256)]
+)
 def test_each_held_out_half_is_the_file_committed_before_its_rounds_detector_changes(name: str, sha256: str) -> None:
     data = (COHERENCE / f"degenerate-{name}.jsonl").read_bytes()
     assert hashlib.sha256(data).hexdigest() == sha256
@@ -130,13 +133,17 @@ def test_each_held_out_half_is_the_file_committed_before_its_rounds_detector_cha
 
 def test_the_degenerate_corpus_has_cited_outputs_in_every_class_split_in_halves_per_round() -> None:
     halves = {half: degenerate(half) for half in HALVES}
-    for heldout, tuning in (("heldout", "tuning"), ("heldout-2", "tuning-2")):
+    rounds = (("heldout", "tuning"), ("heldout-2", "tuning-2"), ("heldout-3", "tuning-3"))
+    for heldout, tuning in rounds:
         assert len(halves[heldout]) + len(halves[tuning]) >= 60
         assert abs(len(halves[heldout]) - len(halves[tuning])) <= 1
     rows = [row for half in HALVES for row in halves[half]]
     assert len({row["text"] for row in rows}) == len(rows)  # no output twice, in a round or across
-    round_1 = {(r["source"], r["text"]) for r in halves["heldout"] + halves["tuning"]}
-    assert not round_1 & {(r["source"], r["text"]) for r in halves["heldout-2"] + halves["tuning-2"]}
+    # each round's threads are new: no source (issue or pull request) of one round in another
+    sources = [{r["source"] for r in halves[heldout] + halves[tuning]} for heldout, tuning in rounds]
+    for i, earlier in enumerate(sources):
+        for later in sources[i + 1 :]:
+            assert not earlier & later, earlier & later
     assert {r["class"] for r in rows} == CLASSES
     for row in rows:
         assert row["text"].strip() and row["engine"], row
@@ -146,26 +153,28 @@ def test_the_degenerate_corpus_has_cited_outputs_in_every_class_split_in_halves_
         assert set(row) <= {"text", "source", "engine", "class", "note"}, row
 
 
-# Round 1's held-out half was measured once (674b005): 29 of 40; since round 2 it is tuning data
-# (its misses may be read). Round 2's held-out half was measured once, at the end of round 2's
-# tuning (docs/benchmarks.md): 26 of 31 (83.9%; 22 of 31 before round 2). Issue 22's target is
-# 85%; it is not reached, and round 2's held-out misses were never looked at (protocol).
-HELDOUT2_MEASURED = 26 / 31
+# Round 1's held-out half was measured once (674b005): 29 of 40; since round 2 it is tuning data.
+# Round 2's held-out half was measured once, at the end of round 2: 26 of 31 (83.9%); since round 3
+# it is tuning data (its misses may be read). Round 3's held-out half (0e72457) was measured with
+# the detectors before round 3 (23 of 32) and once at the end of round 3's tuning (600f707):
+# 24 of 32 (75.0%, docs/benchmarks.md). Issue 22's target is 85%; it is not reached, and round
+# 3's held-out misses were never looked at (protocol, tests/data/coherence/README.md).
+HELDOUT3_MEASURED = 24 / 32
 
 
-def test_round_2s_held_out_half_is_flagged_at_least_at_the_rate_measured_once() -> None:
-    rate = _rate(degenerate("heldout-2"))  # the rate only: the misses are not looked at (protocol)
-    assert rate >= HELDOUT2_MEASURED, f"held-out rate {rate:.1%}"
+def test_round_3s_held_out_half_is_flagged_at_least_at_the_rate_measured_once() -> None:
+    rate = _rate(degenerate("heldout-3"))  # the rate only: the misses are not looked at (protocol)
+    assert rate >= HELDOUT3_MEASURED, f"held-out rate {rate:.1%}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22's target, not reached: 83.9% measured once (docs/benchmarks.md)")
-def test_round_2s_held_out_half_is_flagged_at_85_percent_or_more() -> None:
-    rate = _rate(degenerate("heldout-2"))
+@pytest.mark.xfail(strict=True, reason="issue 22's target, not reached: 75.0% measured once (docs/benchmarks.md)")
+def test_round_3s_held_out_half_is_flagged_at_85_percent_or_more() -> None:
+    rate = _rate(degenerate("heldout-3"))
     assert rate >= 0.85, f"held-out rate {rate:.1%}"
 
 
 def test_the_tuning_data_is_flagged_at_85_percent_or_more() -> None:
-    rows = tuning_data()  # round 1's two halves and round 2's tuning half
+    rows = tuning_data()  # rounds 1 and 2's four halves and round 3's tuning half
     missed = [(row["class"], row["text"][:60]) for row in rows if not coherence.detect(row["text"])]
     assert _rate(rows) >= 0.85, missed
 
@@ -266,6 +275,15 @@ VOCABULARY = [
         ("Thereareseveral,classesofthings.Eachhasitsown;purposeandstructure:thatiswhatmatters.", "broken-spacing"),
         ("(;?1 -**+0.9**\n\n<<>>~~##@@ %%^^&&** ((]]{{ }}|| ++==--__ //\\\\ ::;;", "punctuation-salad"),
         ("ok\x00\x01 then", "bad-characters"),
+        # round 3
+        ("ぬぬぬぬぬぬ…", "repetition-loop"),  # 18 bytes of one kana, most of the answer
+        ("The operating system is One" + "#" * 24, "repetition-loop"),  # a mark run glued to a word
+        ("Google¡¯s engine is fast and it¡¯s free.", "mojibake"),  # GBK quotes read as Latin-1
+        (r"""\\\}#@)\// &#..\\\'\x,8\\, \""%$ ^{;}~ <\\>""", "punctuation-salad"),  # marks, few letters
+        ("Here: k3#P!9@z(2%Q;7&m)1^X*4+w=6-J~0<f>5,T.8!r4$", "punctuation-salad"),  # characters, no words
+        ("Well — — ( ( — ' —. … — — ' — ( — — — — — — — — — — ' — — —. — — …", "punctuation-salad"),
+        ("Office:<unused6226><unused6226> a workspace.", "template-tokens"),
+        ("Sure.\n" + "You are the best assistant and your name is Ada…\n" * 3, "repeated-lines"),
     ],
 )
 def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> None:
@@ -287,6 +305,13 @@ def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> Non
         "x = 1  # 设置变量\ny = 2  # 第二个变量",
         "Title\n" + "=" * 60 + "\n\nSome text about the topic.",
         "The Russian word *привет* means hello, and **спасибо** means thank you.",
+        # round 3
+        "¡Hola! ¿Cómo estás? Muy bien, gracias. ¡Hasta luego!",
+        "Use C# or F# for this, or #### for a level-4 heading.",
+        "The SHA-256 is 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08.",
+        "Москва — столица России — и крупнейший город — страны.",
+        "Chapter 1 ........................ 12\nChapter 2 ........................ 34",
+        "$$x = \\frac{-b \\pm \\sqrt{b^2-4ac}}{2a}$$",
     ],
 )
 def test_new_detectors_stay_quiet_on_normal_multilingual_text(text: str) -> None:
