@@ -333,6 +333,8 @@ def test_the_cutover_through_haproxy_brings_new_in_and_takes_old_out(pem: Path, 
             assert [(s["step"], s["server"]) for s in steps] == [("add", "new"), ("drain", "old"), ("remove", "old")]
             states = {s.name: (s.state, s.status) for s in balancer.status()}
             assert states["old"] == ("maint", "MAINT") and states["new"][0] == "ready"
+            raw = {row["srv_name"]: row["srv_admin_state"] for row in balancer.api.servers_state()}
+            assert raw == {"old": "1", "new": "4"}  # FMAINT; CMAINT left over from `disabled`, yet ready
             for _ in range(3):
                 assert _echo(front.request("GET", "/v1/models")[1])["backend"] == "new"
 

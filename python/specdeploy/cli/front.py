@@ -137,8 +137,8 @@ def front_render(
     if out is None:
         sys.stdout.write(text)
         return
-    previous = out.read_text() if out.is_file() else None
-    changed = previous != text
+    previous = out.read_bytes() if out.is_file() else None  # a FIFO or directory there: replaced or refused
+    changed = previous != text.encode()
     if changed:
         atomic.write_bytes(out, text.encode(), mode=0o644)
     data = {
