@@ -92,15 +92,6 @@ class FrontConfig(FrontSpec):
             raise ValueError(f"backends: expected each address:port once, found {repeated} more than once")
         return self
 
-    def backend(self, name: str) -> Backend:
-        for backend in self.backends:
-            if backend.name == name:
-                return backend
-        raise UsageError(
-            f"no backend named {name!r}: the front has {[b.name for b in self.backends]}",
-            hint="name one of the front's servers",
-        )
-
     @classmethod
     def of(cls, spec: FrontSpec, backends: list[Backend], **overrides: Any) -> FrontConfig:
         """The front of a profile's `front:` settings, these backends and any field overridden

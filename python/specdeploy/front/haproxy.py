@@ -64,9 +64,9 @@ def _server(backend: Backend) -> str:
 
 def render(config: FrontConfig) -> str:
     """The haproxy.cfg of this front, as text."""
-    log = "log stderr format raw local0" if config.log in ("stderr", "stdout") else f"log {config.log} local0"
-    if config.log == "stdout":
-        log = "log stdout format raw local0"
+    # a foreground haproxy logs to its own stream, unframed; a service to syslog
+    raw = config.log in ("stderr", "stdout")
+    log = f"log {config.log} format raw local0" if raw else f"log {config.log} local0"
     source = f" from profile {config.profile}" if config.profile else ""
     lines = [
         f"# The site's front door, rendered by `specdeploy front render`{source}: do not edit by hand",
@@ -142,7 +142,8 @@ def check_file(
             + "\n  ".join(a.replace(str(path), name) for a in alerts),
             hint="correct what HAProxy names above, in the profile's front: section or the options: the certificate "
             "is one PEM file holding the chain and the private key (cat cert.pem key.pem); a server's host name must "
-            "resolve where haproxy runs (prefer the internal IP address its engine publishes on)",
+            "resolve where haproxy runs (prefer the internal IP address its engine publishes on); to render for "
+            "another machine, pass --no-validate and run `haproxy -c -f FILE` there",
         )
     return report
 
