@@ -2,7 +2,8 @@
 # System packages the tests need (Debian): podman + runc for image builds and disposable
 # test hosts, busybox-static and debootstrap for local base images, nix-bin to parse the
 # flake, git-lfs for the hub-mirror repositories of the fetch tests, prometheus for promtool (the
-# alert rules' tests), python3 (with venv) for scripts/setup.sh. Installs only what is missing;
+# alert rules' tests), haproxy and openssl for the site's front door (its tests run the real
+# HAProxy over TLS), python3 (with venv) for scripts/setup.sh. Installs only what is missing;
 # needs root (CI and these machines run as root).
 # tests/unit/test_programs.py checks every program the tests and scripts run is installed here
 # (or says where else it comes from).
@@ -23,6 +24,12 @@ command -v gcc >/dev/null || need+=(gcc)
 # promtool checks and unit-tests the alert rules (monitoring/): Debian ships it in `prometheus`
 # (bookworm 2.42.0, 19 MB; the server's binary comes along, never started for the tests).
 command -v promtool >/dev/null || need+=(prometheus)
+# haproxy: the site's front door (python/specdeploy/front): `haproxy -c` checks each rendered
+# haproxy.cfg, and the front's tests run the real HAProxy on loopback (bookworm 2.6.12, 2 MB download).
+# The package enables and starts its own service where systemd runs: disabled below.
+command -v haproxy >/dev/null || need+=(haproxy)
+# openssl: the front's tests make a throwaway self-signed certificate with it.
+command -v openssl >/dev/null || need+=(openssl)
 # python3 builds the venv (scripts/setup.sh); `python3 -m venv` needs ensurepip: Debian's python3-venv.
 command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
@@ -38,5 +45,10 @@ if [ ${#need[@]} -gt 0 ]; then
   # promtool is wanted here.
   if [[ " ${need[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
     systemctl disable --now prometheus.service >&2 || true
+  fi
+  # Likewise haproxy's package starts its service with Debian's default haproxy.cfg: the front is
+  # run from the rendered file only (tests start their own HAProxy on loopback ports).
+  if [[ " ${need[*]} " == *" haproxy "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now haproxy.service >&2 || true
   fi
 fi

@@ -26,6 +26,7 @@ STAGES = (
     "rollback",
     "gate",
     "watch",
+    "front",
     "rehearsal",
     "cli",
 )

@@ -26,6 +26,7 @@ from specdeploy.cli import (
     smoke,
     weights,
 )
+from specdeploy.cli import front as front_cli
 from specdeploy.cli import lock as lock_cli
 from specdeploy.cli import watch as watch_cli
 
@@ -53,6 +54,7 @@ def root(
 for module in (profile, host, images, weights, drafter, engine, smoke, coherence, rollback, gate, rehearsal, lock_cli):
     module.register(app)
 watch_cli.register(app)  # after the deploy: the light gate the host's timer runs
+front_cli.register(app)  # the site's front door: HAProxy in front of the engine hosts (issue 23)
 
 
 def main() -> None:

@@ -604,6 +604,175 @@ class WatchSpec(_Strict):
     )
 
 
+# The engine routes the site's front door serves (specdeploy.front, docs/front.md): the OpenAI
+# routes the API key guards, and health. `/version` is not served by default (it is neither /v1
+# nor health; the smoke's identity stage reads it on the host's internal address, not through the
+# front); a site may add it. Everything else (vLLM's /metrics, /tokenize, /detokenize,
+# /invocations, ...) answers without the key and must never be reachable from outside (README
+# "Exposure is a per-host choice"). docs/front.md.
+DEFAULT_FRONT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health")
+FRONT_EXTRA_PATHS = ("/health", "/version")  # the only allowed paths outside /v1/
+_FRONT_PATH_RE = re.compile(r"^/[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$")
+_LOG_TARGET_RE = re.compile(r"^(stderr|stdout|/[^\s#\\\"']+|(ipv4|ipv6|udp|udp4|udp6)@[^\s#\\\"']+)$")
+_SAFE_PATH_RE = re.compile(r"^[^\s#\\\"']+$")
+UNIX_PATH_MAX = 107  # sun_path holds 108 bytes, the terminating NUL included
+
+
+class FrontSpec(_Strict):
+    """The site's front door (issue 23, docs/front.md): HAProxy in front of the engine hosts. It
+    terminates TLS with the site's certificate, lets through exactly the paths of `allow_paths`
+    (the engine's /v1 routes and health; anything else is answered by the front itself and never
+    reaches an engine), passes the client's API key (the Authorization header) through unchanged,
+    and is driven through its runtime API during a host migration. The backends (engine hosts)
+    are not the profile's: they come from the inventory or the migration.
+
+    Failure prevented: an engine port reachable from other machines answers /metrics, /tokenize
+    and /invocations (full inference) without the API key."""
+
+    listen_address: str = Field(
+        "0.0.0.0", description="the address the front listens on (an IP address; default 0.0.0.0, all IPv4)"
+    )
+    listen_port: int = Field(443, ge=1, le=65535, description="the front's TLS port (default 443)")
+    cert_path: str = Field(
+        "/etc/haproxy/specdeploy-front.pem",
+        description="the site certificate: its chain and private key in one PEM file, as HAProxy's `crt` reads it "
+        "(default /etc/haproxy/specdeploy-front.pem; `specdeploy front render --cert` overrides it)",
+    )
+    allow_paths: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_FRONT_PATHS),
+        description="the exact request paths (query strings aside) the front passes to an engine; default "
+        "/v1/chat/completions, /v1/completions, /v1/models, /health. Only /v1/... paths, /health and "
+        "/version are accepted",
+    )
+    deny_status: Literal[403, 404] = Field(
+        403, description="what the front answers, itself, for any other path (default 403)"
+    )
+    health_path: str = Field("/health", description="the path the front's health check GETs on each engine")
+    check_interval_s: float = Field(2.0, description="seconds between two health checks of one engine (default 2)")
+    timeout_connect_s: float = Field(5.0, description="seconds to connect to an engine (default 5)")
+    timeout_client_s: float = Field(
+        600.0, description="seconds a client may stay silent mid-request (default 600: long streamed answers)"
+    )
+    timeout_server_s: float = Field(
+        600.0,
+        description="seconds an engine may stay silent mid-response (default 600: a long prompt's prefill sends "
+        "nothing until the first token)",
+    )
+    timeout_http_request_s: float = Field(
+        30.0, description="seconds a client has to send a request's headers (default 30; slow clients are cut)"
+    )
+    runtime_socket: str = Field(
+        "/run/haproxy/admin.sock",
+        description="the runtime API's unix socket (`stats socket ... mode 600 level admin`; default Debian's "
+        "/run/haproxy/admin.sock)",
+    )
+    log: str = Field(
+        "/dev/log",
+        description="where HAProxy sends its request log (syslog socket /dev/log by default; `stderr` for a "
+        "foreground process); requests are logged without headers, so the API key never is",
+    )
+    balance: Literal["leastconn", "roundrobin"] = Field(
+        "leastconn", description="how requests are spread over ready engines (default leastconn: long streams)"
+    )
+
+    @field_validator("listen_address")
+    @classmethod
+    def _ip_address(cls, v: str) -> str:
+        import ipaddress
+
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            raise ValueError(
+                f"front.listen_address: expected an IP address (0.0.0.0, :: or one of the host's), found {v!r}"
+            ) from None
+        return v
+
+    @field_validator("cert_path")
+    @classmethod
+    def _cert_path(cls, v: str) -> str:
+        if not v.startswith("/") or not _SAFE_PATH_RE.match(v):
+            raise ValueError(
+                f"front.cert_path: expected an absolute path to a PEM file (no spaces, quotes or #), found {v!r}"
+            )
+        return v
+
+    @field_validator("allow_paths")
+    @classmethod
+    def _allow_paths(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("front.allow_paths: expected at least one path (/v1/chat/completions, ...), found []")
+        for path in v:
+            if not isinstance(path, str) or not _FRONT_PATH_RE.match(path):
+                raise ValueError(
+                    "front.allow_paths: expected exact paths like /v1/chat/completions (a leading /, segments of "
+                    f"letters, digits, - and _; no .., //, %, ? or trailing /), found {path!r}"
+                )
+            if not (path.startswith("/v1/") or path in FRONT_EXTRA_PATHS):
+                raise ValueError(
+                    f"front.allow_paths: expected only the engine's /v1/... routes, /health or /version, found "
+                    f"{path!r}: the engine answers its other routes (/metrics, /tokenize, /invocations) "
+                    "without the API key, so the front must never let them through"
+                )
+        duplicates = sorted({p for p in v if v.count(p) > 1})
+        if duplicates:
+            raise ValueError(f"front.allow_paths: expected each path once, found {duplicates} more than once")
+        return v
+
+    @field_validator("health_path")
+    @classmethod
+    def _health_path(cls, v: str) -> str:
+        if not _FRONT_PATH_RE.match(v):
+            raise ValueError(f"front.health_path: expected a path like /health, found {v!r}")
+        return v
+
+    @field_validator("check_interval_s")
+    @classmethod
+    def _check_interval(cls, v: float) -> float:
+        if not 0.1 <= v <= 60:
+            raise ValueError(f"front.check_interval_s: expected seconds between 0.1 and 60, found {v!r}")
+        return v
+
+    @field_validator("timeout_connect_s", "timeout_http_request_s")
+    @classmethod
+    def _short_timeout(cls, v: float, info: Any) -> float:
+        if not 0.1 <= v <= 300:
+            raise ValueError(f"front.{info.field_name}: expected seconds between 0.1 and 300, found {v!r}")
+        return v
+
+    @field_validator("timeout_client_s", "timeout_server_s")
+    @classmethod
+    def _stream_timeout(cls, v: float, info: Any) -> float:
+        if not 30 <= v <= 86400:
+            raise ValueError(
+                f"front.{info.field_name}: expected seconds between 30 and 86400, found {v!r}: a streamed answer "
+                "stays silent for a long prompt's whole prefill, and a shorter timeout cuts it mid-answer"
+            )
+        return v
+
+    @field_validator("runtime_socket")
+    @classmethod
+    def _socket(cls, v: str) -> str:
+        if not v.startswith("/") or not _SAFE_PATH_RE.match(v):
+            raise ValueError(f"front.runtime_socket: expected an absolute path (no spaces, quotes or #), found {v!r}")
+        if len(v.encode()) > UNIX_PATH_MAX:
+            raise ValueError(
+                f"front.runtime_socket: expected a path of at most {UNIX_PATH_MAX} bytes (a unix socket's limit), "
+                f"found {len(v.encode())} bytes: {v!r}"
+            )
+        return v
+
+    @field_validator("log")
+    @classmethod
+    def _log(cls, v: str) -> str:
+        if not _LOG_TARGET_RE.match(v):
+            raise ValueError(
+                "front.log: expected a syslog target HAProxy's `log` takes (/dev/log, udp@HOST:PORT) or stderr, "
+                f"found {v!r}"
+            )
+        return v
+
+
 class Profile(_Strict):
     schema_version: Literal[1]
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
@@ -615,6 +784,7 @@ class Profile(_Strict):
     host: HostSpec | None = None
     weights: WeightsSpec = Field(default_factory=WeightsSpec)
     watch: WatchSpec = Field(default_factory=WatchSpec)
+    front: FrontSpec = Field(default_factory=FrontSpec)
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:

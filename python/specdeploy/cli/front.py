@@ -1,0 +1,267 @@
+"""`specdeploy front render|status|drain|enable|disable`: the site's front door (issue 23) —
+HAProxy in front of the engine hosts: its haproxy.cfg rendered from the profile's `front:`
+section and the backends, and its servers driven through the runtime API (or a site's own
+balancer, through its hook). docs/front.md."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from specdeploy.cli import base, output
+from specdeploy.core.errors import UsageError
+from specdeploy.profile.schema import FrontSpec
+
+front_app = base.group(
+    "The site's front door: HAProxy in front of the engine hosts (TLS, a path allow-list, the API key passed "
+    "through), its config and its servers."
+)
+
+SocketOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--socket",
+        help=f"HAProxy's runtime API socket (default {FrontSpec().runtime_socket}, the profile's front.runtime_socket "
+        "default)",
+    ),
+]
+HookOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--hook",
+        help="drive the site's own balancer through this executable instead of HAProxy (called HOOK VERB SERVER; "
+        "docs/front.md)",
+    ),
+]
+ServerArg = Annotated[str, typer.Argument(help="the server's name (as `front status` lists it)")]
+WaitOpt = Annotated[
+    bool,
+    typer.Option(
+        "--wait/--no-wait",
+        help="drain, disable: wait until its in-flight requests finished; enable: until its health check is UP",
+    ),
+]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="seconds --wait waits at most", min=0.1)]
+
+
+def _balancer(socket_path: Path | None, hook: Path | None, timeout: float) -> Any:
+    from specdeploy.front import balancer, runtime
+
+    if hook is not None and socket_path is not None:
+        raise UsageError(
+            "--socket and --hook name two balancers: expected one",
+            hint="--socket for the front's HAProxy, --hook for a site's own balancer",
+        )
+    if hook is not None:
+        return balancer.HookBalancer(hook, timeout_s=timeout)
+    return runtime.RuntimeApi(socket_path or Path(FrontSpec().runtime_socket))
+
+
+def _status_style(state: str, status: str) -> str:
+    if status.startswith("UP"):
+        return "green"
+    if state != "ready" and status.startswith(("DRAIN", "MAINT", "drain", "maint")):
+        return "yellow"
+    return "bold red"
+
+
+def print_servers(servers: list[dict[str, Any]], title: str) -> None:
+    """One row per server: its state, health (HAProxy's status), requests in flight."""
+    table = Table("server", "address", "state", "status", "in flight", "weight", "last check", title=title)
+    for s in servers:
+        status = output.styled(s["status"], _status_style(s["state"], s["status"]))
+        table.add_row(
+            *output.cells(s["name"], s["address"], s["state"], status, s["sessions"], s["weight"], s["check"])
+        )
+    output.out.print(table)
+
+
+@front_app.command("render")
+def front_render(
+    profile: Annotated[str, typer.Argument(help="profile name or path to a .yaml file (its front: section)")],
+    backend: Annotated[
+        list[str],
+        typer.Option(
+            "--backend",
+            help="an engine host: NAME=ADDRESS:PORT[@ready|drain|maint] (repeatable; IPv6: NAME=[ADDR]:PORT)",
+        ),
+    ],
+    cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--cert",
+            help="the site certificate: chain and private key in one PEM file (default: the profile's front.cert_path)",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--output", "-o", help="write haproxy.cfg here (atomically) instead of printing it")
+    ] = None,
+    socket_path: Annotated[
+        Path | None,
+        typer.Option("--socket", help="the runtime API socket (default: the profile's front.runtime_socket)"),
+    ] = None,
+    log: Annotated[
+        str | None, typer.Option("--log", help="HAProxy's log target (default: the profile's front.log, /dev/log)")
+    ] = None,
+    validate: Annotated[
+        bool, typer.Option("--validate/--no-validate", help="check the file with `haproxy -c` before writing it")
+    ] = True,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Render the front's haproxy.cfg from the profile's front: section and the engine hosts; check
+    it with the real `haproxy -c` (the certificate must then exist here); print it, or write it
+    atomically with -o (prints what was written, table or --json)."""
+    from specdeploy.core import atomic
+    from specdeploy.front import config, haproxy
+    from specdeploy.profile import load_profile
+
+    loaded = load_profile(profile)
+    backends = [config.parse_backend(text) for text in backend]
+    if not backends:
+        raise UsageError("no --backend: expected at least one engine host", hint="--backend NAME=ADDRESS:PORT")
+    overrides: dict[str, Any] = {}
+    if cert is not None:
+        overrides["cert_path"] = str(cert.absolute())
+    if socket_path is not None:
+        overrides["runtime_socket"] = str(socket_path.absolute())
+    if log is not None:
+        overrides["log"] = log
+    front = config.FrontConfig.from_profile(loaded, backends, **overrides)
+    text = haproxy.render(front)
+    if validate:
+        haproxy.check(text)
+    if out is None:
+        sys.stdout.write(text)
+        return
+    previous = out.read_bytes() if out.is_file() else None  # a FIFO or directory there: replaced or refused
+    changed = previous != text.encode()
+    if changed:
+        atomic.write_bytes(out, text.encode(), mode=0o644)
+    data = {
+        "file": str(out),
+        "changed": changed,
+        "validated": validate,
+        "profile": loaded.name,
+        "listen": f"{front.listen_address}:{front.listen_port}",
+        "cert": front.cert_path,
+        "socket": front.runtime_socket,
+        "allow_paths": front.allow_paths,
+        "backends": [b.model_dump() for b in front.backends],
+    }
+
+    def table() -> None:
+        rows = Table(
+            "server",
+            "address",
+            "state",
+            title=f"front {data['listen']} -> {out} ({'changed' if changed else 'unchanged'})",
+        )
+        for b in front.backends:
+            rows.add_row(*output.cells(b.name, b.endpoint, b.state))
+        output.out.print(rows)
+        output.out.print(output.line("allowed paths: ", " ".join(front.allow_paths)), highlight=False)
+        output.out.print(
+            output.line(
+                "certificate: ",
+                front.cert_path,
+                "; runtime API: ",
+                front.runtime_socket,
+                "; checked with haproxy -c: ",
+                "yes" if validate else "no",
+            ),  # fmt: skip
+            highlight=False,
+        )
+
+    output.emit(data, as_json, table)
+
+
+@front_app.command("status")
+def front_status(socket_path: SocketOpt = None, hook: HookOpt = None, as_json: base.JsonOpt = False) -> None:
+    """The front's servers: state (ready, drain, maint), health, requests in flight, weight."""
+    balancer = _balancer(socket_path, hook, 60.0)
+    servers = [s.to_json() for s in balancer.status()]
+    source = f"hook {hook}" if hook is not None else f"HAProxy {balancer.socket_path}"
+    output.emit({"source": source, "servers": servers}, as_json, lambda: print_servers(servers, source))
+
+
+def _progress(server: str, left: int, elapsed: float) -> None:
+    output.err.print(f"{server}: {left} request(s) in flight after {elapsed:.1f} s", highlight=False, markup=False)
+
+
+def _set(verb: str, state: str, server: str, socket_path: Path | None, hook: Path | None, wait: bool, timeout: float,
+         as_json: bool) -> None:  # fmt: skip
+    from specdeploy.front import balancer as balancers
+
+    target = _balancer(socket_path, hook, timeout)
+    waited = None
+    if isinstance(target, balancers.HookBalancer):  # the hook's own contract: drain returns once drained
+        {"ready": target.add, "drain": target.drain, "maint": target.remove}[state](server)
+        source = f"hook {hook}"
+    else:
+        target.set_state(server, state)
+        source = f"HAProxy {target.socket_path}"
+        if wait and state == "ready":
+            waited = target.wait_up(server, timeout)
+        elif wait:
+            waited = target.wait_drained(
+                server, timeout, progress=lambda left, elapsed: _progress(server, left, elapsed)
+            )
+    servers = [s.to_json() for s in target.status()]
+    data = {"server": server, "state": state, "waited_s": round(waited, 2) if waited is not None else None,
+            "source": source, "servers": servers}  # fmt: skip
+
+    def show() -> None:
+        print_servers(servers, source)
+        after = f" (waited {waited:.1f} s)" if waited is not None else ""
+        output.out.print(output.line(f"front {verb}: ", server, f" is now {state}{after}"), highlight=False)
+
+    output.emit(data, as_json, show)
+
+
+@front_app.command("drain")
+def front_drain(
+    server: ServerArg,
+    socket_path: SocketOpt = None,
+    hook: HookOpt = None,
+    wait: WaitOpt = False,
+    timeout: TimeoutOpt = 900.0,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Drain a server: it takes no new request, its in-flight requests finish (--wait: until they
+    have; exit 1 if they have not within --timeout)."""
+    _set("drain", "drain", server, socket_path, hook, wait, timeout, as_json)
+
+
+@front_app.command("enable")
+def front_enable(
+    server: ServerArg,
+    socket_path: SocketOpt = None,
+    hook: HookOpt = None,
+    wait: WaitOpt = False,
+    timeout: TimeoutOpt = 60.0,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Put a server in (ready): it takes requests once its health check passes (--wait: until it does)."""
+    _set("enable", "ready", server, socket_path, hook, wait, timeout, as_json)
+
+
+@front_app.command("disable")
+def front_disable(
+    server: ServerArg,
+    socket_path: SocketOpt = None,
+    hook: HookOpt = None,
+    wait: WaitOpt = False,
+    timeout: TimeoutOpt = 900.0,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Take a server out (maint): nothing new reaches it (--wait: until what it had finished). Drain
+    it first to let its requests finish."""
+    _set("disable", "maint", server, socket_path, hook, wait, timeout, as_json)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(front_app, name="front")
