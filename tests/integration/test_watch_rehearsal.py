@@ -78,11 +78,11 @@ def _served_profile(host: Host) -> str | None:
 
 
 def _playbook(
-    host: Host, wheelhouse: Path, weights: Path, profile: str, *options: str
+    host: Host, wheelhouse: Path, weights: Path, profile: str, *options: str, hook: bool = True
 ) -> subprocess.CompletedProcess[str]:
     """A play as test_deploy_rehearsal.py runs one: the same site directory (its lock) beside the
-    inventory, the hook as a site sets it in its inventory (a list, the program first; JSON, since
-    `-e key=value` would make it a string)."""
+    inventory, and (`hook`) the hook as a site sets it in its inventory (a list, the program first;
+    JSON, since `-e key=value` would make it a string)."""
     site = host.key.parent / "site"
     site.mkdir(exist_ok=True)
     argv = deploy.playbook_argv(
@@ -97,7 +97,8 @@ def _playbook(
         # the inventory's vault-encrypted key, as the deploy tests' plays read it
         vault=deploy.rehearsal_vault(host.key.parent / "watch-secrets", api_key=API_KEY),
     )
-    return deploy.run_playbook([*argv, "-e", json.dumps({"watch_hook": [HOOK, *HOOK_ARGS]}), *options], capture=True)
+    hooked = ["-e", json.dumps({"watch_hook": [HOOK, *HOOK_ARGS]})] if hook else []
+    return deploy.run_playbook([*argv, *hooked, *options], capture=True)
 
 
 def _families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -130,8 +131,8 @@ def _light_gate(host: Host) -> subprocess.CompletedProcess[str]:
 def test_the_watch_stage_installs_the_light_gate_timer_with_the_profile_s_interval_and_the_hook(
     host: Host, rehearsal_wheelhouse: Path, rehearsal_weights: Path, tmp_path: Path
 ) -> None:
-    if _served_profile(host) is None:  # run alone: deploy the stack first (the watch stage comes with it)
-        first = _playbook(host, rehearsal_wheelhouse, rehearsal_weights, "cpu-rehearsal")
+    if _served_profile(host) is None:  # run alone: deploy the stack first, as the deploy tests do (no hook)
+        first = _playbook(host, rehearsal_wheelhouse, rehearsal_weights, "cpu-rehearsal", hook=False)
         assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
     profile = _served_profile(host)
     assert profile is not None and resolve_profile_path(profile).is_file()

@@ -773,6 +773,40 @@ class FrontSpec(_Strict):
         return v
 
 
+class MigrationSpec(_Strict):
+    """How `specdeploy migrate` moves this profile's deployment to a new host (docs/migration.md): what
+    verify accepts as "serves the same thing" and how long cutover and finish wait.
+
+    Failure prevented: a host move ended with degenerate output from an incompatible engine version,
+    found by a person reading logs; verify now refuses to send traffic to a new host whose identity,
+    golden transcript, acceptance or speed differs from the old host's last verified gate."""
+
+    decode_rate_tolerance: float = Field(
+        0.25,
+        ge=0,
+        lt=1,
+        description="the share by which NEW's decode tok/s may fall below OLD's before verify stops (default "
+        "0.25; the CPU rehearsal sets it wide: the point there is the comparison, not the figure)",
+    )
+    drain_timeout_s: float = Field(
+        600,
+        gt=0,
+        description="how long cutover waits for OLD's in-flight requests to finish after it is drained "
+        "(default 600, a long generation's time); past it cutover stops with OLD still in the balancer",
+    )
+    soak_s: int = Field(
+        3600,
+        ge=0,
+        description="how long NEW serves alone, its gate passing, before `migrate finish` may stop OLD (default 3600)",
+    )
+    keep_old_days: int = Field(
+        14,
+        ge=0,
+        description="how long `migrate finish` keeps OLD's state directory (weights, goldens, reports) after "
+        "stopping its engine (documented in docs/migration.md; default 14 days)",
+    )
+
+
 class Profile(_Strict):
     schema_version: Literal[1]
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
@@ -785,6 +819,7 @@ class Profile(_Strict):
     weights: WeightsSpec = Field(default_factory=WeightsSpec)
     watch: WatchSpec = Field(default_factory=WatchSpec)
     front: FrontSpec = Field(default_factory=FrontSpec)
+    migration: MigrationSpec = Field(default_factory=MigrationSpec)
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:
