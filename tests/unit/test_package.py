@@ -27,6 +27,7 @@ STAGES = (
     "gate",
     "watch",
     "front",
+    "migrate",
     "rehearsal",
     "cli",
 )

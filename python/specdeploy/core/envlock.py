@@ -91,6 +91,7 @@ def requirements(env: Environment, root: Path = ROOT) -> list[str]:
             *project["build-system"]["requires"],
             *project["project"]["dependencies"],
             *extras["rehearsal"],
+            *extras["controller"],
             *extras["dev"],
         ]
     if env.name == "host-cli":
@@ -112,7 +113,7 @@ ENVIRONMENTS: dict[str, Environment] = {
     for env in (
         Environment(
             "dev",
-            "the development/CI venv: pyproject's [build-system], extras rehearsal and dev",
+            "the development/CI venv: pyproject's [build-system], extras rehearsal, controller and dev",
             "scripts/setup.sh (the shared dependency venv in the cache)",
             excluded=UNIMPORTABLE_BESIDE_CPU_TORCH,
         ),

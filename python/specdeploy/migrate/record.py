@@ -1,0 +1,155 @@
+"""The migration record: one JSON file on the controller per move, what every step reads and writes.
+
+Failure prevented: the field's last host move took a week by hand and nobody could say which steps
+had been done, on which host, with what result. Each `specdeploy migrate` step records here when it
+started, how it ended and what it found, so a step can be re-run (idempotent), an interrupted one
+resumed, and `rollback` knows where traffic is.
+
+    <site>/migrations/<old>--<new>.json     (the site directory: the inventory's, beside the lock)
+
+| step | may start when | leaves traffic on |
+|---|---|---|
+| plan | always (re-plans) | OLD |
+| prepare | plan is done | OLD |
+| verify | prepare is done | OLD |
+| cutover | verify is done (and passed) | NEW |
+| rollback | always | OLD |
+| finish | cutover is done, NEW has served `migration.soak_s`, and `--stop-old` was given | NEW |
+
+Writes are atomic (core.atomic): a record is never half written, however a step ends.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specdeploy.core import atomic, files
+from specdeploy.core.errors import SpecdeployError, UsageError
+
+STEPS = ("plan", "prepare", "verify", "cutover", "rollback", "finish")
+Step = Literal["plan", "prepare", "verify", "cutover", "rollback", "finish"]
+REQUIRES: dict[str, tuple[str, ...]] = {
+    "plan": (),
+    "prepare": ("plan",),
+    "verify": ("prepare",),
+    "cutover": ("verify",),
+    "rollback": (),
+    "finish": ("cutover",),
+}
+HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class RecordError(SpecdeployError):
+    exit_code = 2
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+class StepRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status: Literal["running", "done", "failed"]
+    started_at: str
+    finished_at: str | None = None
+    summary: str = ""
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class MigrationRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = 1
+    old: str
+    new: str
+    profile: str | None = None
+    created_at: str = Field(default_factory=now)
+    traffic_on: Literal["old", "both", "new"] = "old"
+    steps: dict[Step, StepRecord] = Field(default_factory=dict)
+    history: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.old}--{self.new}"
+
+    def done(self, step: str) -> bool:
+        found = self.steps.get(step)  # type: ignore[call-overload]
+        return found is not None and found.status == "done"
+
+    def may_start(self, step: str) -> str | None:
+        """Why `step` may not start now (None: it may)."""
+        missing = [s for s in REQUIRES[step] if not self.done(s)]
+        if missing:
+            return f"`migrate {step}` needs `migrate {missing[0]}` done first (its status: {self._status(missing[0])})"
+        if step == "cutover" and self.traffic_on == "new":
+            return None  # re-running a finished cutover is a no-op
+        if step in ("prepare", "verify", "cutover") and self.done("finish"):
+            return "this migration is finished: OLD's engine is stopped; start a new migration to move again"
+        return None
+
+    def _status(self, step: str) -> str:
+        found = self.steps.get(step)  # type: ignore[call-overload]
+        return found.status if found is not None else "not run"
+
+    def start(self, step: Step) -> None:
+        self.steps[step] = StepRecord(status="running", started_at=now())
+        self.history.append({"step": step, "event": "started", "at": now()})
+
+    def end(self, step: Step, ok: bool, summary: str, details: dict[str, Any] | None = None) -> None:
+        record = self.steps[step]
+        record.status = "done" if ok else "failed"
+        record.finished_at = now()
+        record.summary = summary
+        record.details = details or {}
+        self.history.append({"step": step, "event": record.status, "at": record.finished_at, "summary": summary})
+
+
+def check_host_name(name: str, option: str) -> str:
+    if not HOST_NAME.match(name):
+        raise UsageError(
+            f"{option}: expected an inventory host name (letters, digits, '.', '_', '-'), found {name!r}",
+            hint="pass the names the inventory gives the two hosts (`ansible-inventory -i INVENTORY --list`)",
+        )
+    return name
+
+
+def path(site: Path, old: str, new: str) -> Path:
+    return site / "migrations" / f"{old}--{new}.json"
+
+
+def load(site: Path, old: str, new: str) -> MigrationRecord | None:
+    """The record of the move OLD -> NEW, or None where none was started."""
+    where = path(site, old, new)
+    if not where.exists():
+        return None
+    data = files.read_json(where, what="migration record")
+    try:
+        record = MigrationRecord.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise RecordError(
+            f"migration record {where}: {field}: {first['msg']} (found {first.get('input')!r}); no step can run "
+            "from a record it cannot read",
+            hint="restore the file from a backup, or move it aside and start again with `migrate plan` "
+            "(traffic stays where the balancer has it: check `specdeploy front status`)",
+        ) from None
+    if (record.old, record.new) != (old, new):
+        raise RecordError(
+            f"migration record {where}: names {record.old} -> {record.new}, expected {old} -> {new}",
+            hint="the file was renamed or copied by hand: move it back, or start again with `migrate plan`",
+        )
+    return record
+
+
+def save(site: Path, record: MigrationRecord) -> Path:
+    where = path(site, record.old, record.new)
+    atomic.ensure_dir(where.parent)
+    atomic.write_json(where, record.model_dump(mode="json"))
+    return where

@@ -1,0 +1,138 @@
+"""`specdeploy migrate`'s pure parts: verify's comparison of two gate reports and the migration record.
+
+OLD's report is a real one (tests/data/migrate/README.md: recorded from a real vLLM-CPU deploy on the
+rehearsal host); NEW's reports are that one with one field changed, as a NEW host would differ."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.support.data import DATA
+
+from specdeploy.core.errors import SpecdeployError
+from specdeploy.migrate import compare, record
+
+OLD = json.loads((DATA / "migrate" / "gate-cpu-rehearsal.json").read_text())
+
+
+def _new(**changes: Any) -> dict[str, Any]:
+    """NEW's passing gate: OLD's report, its gate having compared with OLD's golden (what prepare's
+    copied golden makes happen), then `changes` applied (dotted paths; `stage:NAME.KEY` a stage's detail)."""
+    new = copy.deepcopy(OLD)
+    new["golden"] = {
+        "key": OLD["golden"]["key"],
+        "identity": copy.deepcopy(OLD["golden"]["identity"]),
+        "compared_with": f"/var/lib/specdeploy/state/golden/{OLD['golden']['key']}.json",
+    }
+    for where, value in changes.items():
+        if where.startswith("stage:"):
+            name, key = where[len("stage:") :].split(".", 1)
+            compare.stage(new, name)["details"][key] = value
+        else:
+            *parents, last = where.split(".")
+            node = new
+            for part in parents:
+                node = node[part]
+            node[last] = value
+    return new
+
+
+def _differences(new: dict[str, Any], tolerance: float = 0.25) -> dict[str, compare.Line]:
+    return {d.what: d for d in compare.compare(OLD, new, decode_rate_tolerance=tolerance).differences}
+
+
+def test_a_new_host_serving_the_same_stack_compares_equal_on_every_line() -> None:
+    result = compare.compare(OLD, _new(), decode_rate_tolerance=0.25)
+    assert result.same, result.summary()
+    assert {line.what for line in result.lines} >= {
+        "gate verdict",
+        "served engine and version",
+        "served speculation (method, k)",
+        "golden transcript",
+        "acceptance (95% interval)",
+        "decode tok/s",
+        *(f"identity: {f}" for f in compare.IDENTITY_FIELDS),
+    }
+    assert json.loads(json.dumps(result.to_json()))["same"] is True
+
+
+def test_another_served_engine_version_is_named_with_both_values() -> None:
+    diffs = _differences(_new(**{"stage:identity.version": "0.31.0"}))
+    line = diffs["served engine and version"]
+    assert line.old == "vllm 0.32.0" and line.new == "vllm 0.31.0"
+    assert (
+        "OLD vllm 0.32.0, NEW vllm 0.31.0"
+        in compare.compare(OLD, _new(**{"stage:identity.version": "0.31.0"}), decode_rate_tolerance=0.25).summary()
+    )
+
+
+@pytest.mark.parametrize("field", ["image_id", "lock_sha256", "version", "commit"])
+def test_each_identity_field_that_differs_stops_verify(field: str) -> None:
+    diffs = _differences(_new(**{f"golden.identity.{field}": "something-else"}))
+    assert f"identity: {field}" in diffs and diffs[f"identity: {field}"].new == "something-else"
+
+
+def test_a_new_host_whose_gate_recorded_its_own_golden_did_not_match_old_s() -> None:
+    new = _new()
+    new["golden"].pop("compared_with")
+    new["golden"]["recorded_to"] = "/var/lib/specdeploy/state/runs/x/golden.json"
+    assert "golden transcript" in _differences(new)
+
+
+def test_acceptance_wholly_below_old_s_interval_differs_and_an_overlap_does_not() -> None:
+    low, high = OLD["smoke"]["stages"][[s["name"] for s in OLD["smoke"]["stages"]].index("acceptance")]["details"][
+        "interval_95"
+    ]
+    assert "acceptance (95% interval)" in _differences(_new(**{"stage:acceptance.interval_95": [1.0, low - 0.01]}))
+    assert "acceptance (95% interval)" not in _differences(_new(**{"stage:acceptance.interval_95": [1.0, low + 0.01]}))
+    assert high > low
+
+
+def test_decode_rate_below_the_tolerance_differs_and_an_unmeasurable_rate_is_not_compared() -> None:
+    rate = compare.stage(OLD, "throughput")["details"]["decode_tokens_per_s"]
+    assert "decode tok/s" in _differences(_new(**{"stage:throughput.decode_tokens_per_s": rate * 0.5}), 0.25)
+    assert "decode tok/s" not in _differences(_new(**{"stage:throughput.decode_tokens_per_s": rate * 0.8}), 0.25)
+    unmeasured = compare.compare(
+        OLD, _new(**{"stage:throughput.decode_tokens_per_s": None}), decode_rate_tolerance=0.25
+    )
+    line = next(x for x in unmeasured.lines if x.what == "decode tok/s")
+    assert line.same is None and "not measurable" in line.note and unmeasured.same
+
+
+def test_a_failed_new_gate_differs() -> None:
+    assert "gate verdict" in _differences(_new(verdict="fail"))
+
+
+def test_the_record_round_trips_and_steps_need_their_predecessors(tmp_path: Path) -> None:
+    rec = record.MigrationRecord(old="old-host", new="new-host", profile="cpu-rehearsal-container")
+    assert rec.may_start("plan") is None and "migrate plan" in (rec.may_start("prepare") or "")
+    rec.start("plan")
+    rec.end("plan", True, "planned", {"bytes": 10})
+    assert rec.may_start("prepare") is None and "migrate prepare" in (rec.may_start("verify") or "")
+    rec.start("prepare")
+    rec.end("prepare", False, "copy failed")
+    assert "failed" in (rec.may_start("verify") or "")
+    saved = record.save(tmp_path, rec)
+    assert saved == tmp_path / "migrations" / "old-host--new-host.json"
+    again = record.load(tmp_path, "old-host", "new-host")
+    assert again == rec and record.load(tmp_path, "old-host", "other") is None
+
+
+def test_a_damaged_record_names_the_field_and_stops_every_step(tmp_path: Path) -> None:
+    where = record.path(tmp_path, "a", "b")
+    where.parent.mkdir(parents=True)
+    where.write_text(json.dumps({"schema_version": 1, "old": "a", "new": "b", "traffic_on": "sideways"}))
+    with pytest.raises(SpecdeployError) as caught:
+        record.load(tmp_path, "a", "b")
+    assert "traffic_on" in caught.value.message and "sideways" in caught.value.message
+    assert caught.value.exit_code == 2 and caught.value.hint
+
+
+def test_a_host_name_that_is_no_inventory_name_is_refused() -> None:
+    with pytest.raises(SpecdeployError) as caught:
+        record.check_host_name("new host; rm -rf /", "--to")
+    assert "--to" in caught.value.message
