@@ -6,6 +6,7 @@ rehearsal host); NEW's reports are that one with one field changed, as a NEW hos
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from tests.support.data import DATA
 
 from specdeploy.core.errors import SpecdeployError
-from specdeploy.migrate import compare, record
+from specdeploy.migrate import compare, record, seed
 
 OLD = json.loads((DATA / "migrate" / "gate-cpu-rehearsal.json").read_text())
 
@@ -136,3 +137,63 @@ def test_a_host_name_that_is_no_inventory_name_is_refused() -> None:
     with pytest.raises(SpecdeployError) as caught:
         record.check_host_name("new host; rm -rf /", "--to")
     assert "--to" in caught.value.message
+
+
+# --------------------------------------------------------------------------- seeding NEW's weights
+
+
+def _hosts(tmp_path: Path) -> tuple[seed.LocalSide, seed.LocalSide, list[seed.SeedFile]]:
+    """OLD with two files of a revision (one of several chunks), NEW empty; real files, real hashes."""
+    old, new = seed.LocalSide(tmp_path / "old", "old"), seed.LocalSide(tmp_path / "new", "new")
+    base = "/srv/models/org/model/abc123"
+    contents = {"config.json": b'{"a": 1}', "model.safetensors": bytes(range(256)) * (3 * seed.CHUNK // 256 + 7)}
+    items = []
+    for name, data in contents.items():
+        target = old._p(f"{base}/{name}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        items.append(seed.SeedFile("target", "abc123", f"{base}/{name}", hashlib.sha256(data).hexdigest()))
+    return old, new, items
+
+
+def test_seeding_copies_every_file_verified_and_a_second_run_copies_nothing(tmp_path: Path) -> None:
+    old, new, items = _hosts(tmp_path)
+    first = seed.seed(old, new, items)
+    assert first.copied == 2 and first.bytes_copied == sum(old.size(i.path) or 0 for i in items)
+    assert all(new.sha256(i.path) == i.sha256 for i in items)
+    again = seed.seed(old, new, items)
+    assert again.copied == 0 and again.bytes_copied == 0
+    assert [f["action"] for f in again.files] == ["already verified", "already verified"]
+
+
+def test_an_interrupted_seed_resumes_from_the_partial_file_s_size(tmp_path: Path) -> None:
+    old, new, items = _hosts(tmp_path)
+    big = items[1]
+    total = old.size(big.path) or 0
+    new.makedirs(str(Path(big.path).parent))
+    with old.reader(big.path, 0) as src, new.appender(big.path + seed.PART) as dst:
+        dst.write(src.read(seed.CHUNK + 5))  # the copy stopped there
+    result = seed.seed(old, new, items)
+    resumed = next(f for f in result.files if f["path"] == big.path)
+    assert resumed["action"] == f"resumed at byte {seed.CHUNK + 5}"
+    assert resumed["bytes_copied"] == total - seed.CHUNK - 5
+    assert new.sha256(big.path) == big.sha256 and new.size(big.path + seed.PART) is None
+
+
+def test_a_partial_file_that_is_no_prefix_is_copied_again_from_the_start(tmp_path: Path) -> None:
+    old, new, items = _hosts(tmp_path)
+    big = items[1]
+    new.makedirs(str(Path(big.path).parent))
+    new._p(big.path + seed.PART).write_bytes(b"garbage" * 100)
+    seed.seed(old, new, items)
+    assert new.sha256(big.path) == big.sha256
+
+
+def test_a_file_on_old_that_differs_from_the_lock_stops_the_seed_and_is_not_put_in_place(tmp_path: Path) -> None:
+    old, new, items = _hosts(tmp_path)
+    old._p(items[0].path).write_bytes(b'{"a": 2}')  # OLD's copy damaged after the lock recorded it
+    with pytest.raises(SpecdeployError) as caught:
+        seed.seed(old, new, items)
+    assert items[0].path in caught.value.message and items[0].sha256 in caught.value.message
+    assert "traffic stays on OLD" in (caught.value.hint or "")
+    assert new.size(items[0].path) is None  # never renamed into place
