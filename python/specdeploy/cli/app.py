@@ -28,6 +28,7 @@ from specdeploy.cli import (
 )
 from specdeploy.cli import front as front_cli
 from specdeploy.cli import lock as lock_cli
+from specdeploy.cli import migrate as migrate_cli
 from specdeploy.cli import watch as watch_cli
 
 app = typer.Typer(
@@ -55,6 +56,7 @@ for module in (profile, host, images, weights, drafter, engine, smoke, coherence
     module.register(app)
 watch_cli.register(app)  # after the deploy: the light gate the host's timer runs
 front_cli.register(app)  # the site's front door: HAProxy in front of the engine hosts (issue 23)
+migrate_cli.register(app)  # the host migration runbook (issue 23)
 
 
 def main() -> None:
