@@ -67,6 +67,7 @@ class EchoEngine:
     streaming: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
     port: int = 0
+    hold_s: float = 30.0  # how long a stream is held open at most (until `release`)
 
     def requests(self) -> list[tuple[str, str, str | None]]:
         """What reached this engine, the front's health checks aside."""
@@ -104,7 +105,7 @@ def _handler(engine: EchoEngine) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 self._chunk(b"data: " + json.dumps(echo).encode() + b"\n\n")
                 engine.streaming.set()
-                engine.release.wait(30)
+                engine.release.wait(engine.hold_s)
                 self._chunk(b"data: [DONE]\n\n")
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()

@@ -35,21 +35,6 @@ from specdeploy.profile.schema import DEFAULT_FRONT_PATHS, FrontSpec
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture(scope="module")
-def pem(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return support.make_certificate(tmp_path_factory.mktemp("cert"))
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A short directory for the runtime socket (a unix socket path holds at most 107 bytes; pytest's
-    tmp_path can be longer)."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="front-") as tmp:
-        yield Path(tmp)
-
-
 @pytest.fixture
 def two(pem: Path, short_dir: Path) -> Iterator[tuple[support.Front, dict[str, support.EchoEngine]]]:
     """The real HAProxy over TLS in front of two engine stand-ins, a and b, both ready and UP."""

@@ -12,10 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support import front as front_support
 from tests.support.data import DATA
 
 from specdeploy.core.errors import SpecdeployError
-from specdeploy.migrate import compare, record, seed
+from specdeploy.front.balancer import HAProxyBalancer, cutover
+from specdeploy.front.config import Backend
+from specdeploy.front.runtime import RuntimeApi
+from specdeploy.migrate import compare, load, record, seed
 
 OLD = json.loads((DATA / "migrate" / "gate-cpu-rehearsal.json").read_text())
 
@@ -197,3 +201,54 @@ def test_a_file_on_old_that_differs_from_the_lock_stops_the_seed_and_is_not_put_
     assert items[0].path in caught.value.message and items[0].sha256 in caught.value.message
     assert "traffic stays on OLD" in (caught.value.hint or "")
     assert new.size(items[0].path) is None  # never renamed into place
+
+
+# --------------------------------------------------------------------------- load through the front
+
+
+def test_a_cutover_through_the_real_haproxy_under_streaming_load_fails_no_request(pem: Path, short_dir: Path) -> None:
+    """The real HAProxy (Debian's) in front of two engine stand-ins whose streams each last 0.6 s:
+    the load keeps 3 streams open through TLS with a key while the cutover adds NEW, drains OLD
+    (its streams finish) and takes it out. Every request is counted; none fails; both engines
+    served some, and OLD had streams in flight when it was drained."""
+    with front_support.engines("old", "new") as engines:
+        for engine in engines.values():
+            engine.hold_s = 0.6
+        backends = [
+            Backend(name="old", address="127.0.0.1", port=engines["old"].port),
+            Backend(name="new", address="127.0.0.1", port=engines["new"].port, state="maint"),
+        ]
+        config = front_support.front_config(short_dir, pem, backends)
+        with front_support.running(config, short_dir, ready=("old",)) as front:
+            spec = load.LoadSpec(
+                url=f"https://127.0.0.1:{front.port}", api_key="sk-test", model="m", total=24, in_flight=3,
+                ca_file=str(pem), timeout_s=30,
+            )  # fmt: skip
+            balancer = HAProxyBalancer(RuntimeApi(front.socket), drain_timeout_s=20, up_timeout_s=10, poll_s=0.05)
+            with load.Load(spec) as running_load:
+                assert running_load.wait_sent(6, 20)
+                in_flight_on_old = RuntimeApi(front.socket).sessions("old")
+                steps = cutover(balancer, new="new", old="old")
+                result = running_load.finish(60)
+    assert result.failed == 0 and result.sent == 24 and result.ok == 24, result.to_json()
+    assert result.max_in_flight == 3 and (result.min_in_flight_while_running or 0) >= 2
+    assert in_flight_on_old >= 1 and [s["step"] for s in steps] == ["add", "drain", "remove"]
+    served = {name: len([r for r in e.requests() if r[1] == "/v1/chat/completions"]) for name, e in engines.items()}
+    assert served["old"] >= 1 and served["new"] >= 1 and sum(served.values()) == 24
+    assert {r[2] for e in engines.values() for r in e.requests()} == {"Bearer sk-test"}
+
+
+def test_a_load_against_a_front_that_refuses_counts_every_request_as_failed(pem: Path, short_dir: Path) -> None:
+    """The same load with no engine up behind the front: every request fails with its status (503
+    from HAProxy), and none is lost from the count."""
+    backends = [Backend(name="gone", address="127.0.0.1", port=front_support.free_port())]
+    config = front_support.front_config(short_dir, pem, backends)
+    with front_support.running(config, short_dir) as front:
+        spec = load.LoadSpec(
+            url=f"https://127.0.0.1:{front.port}", api_key="k", model="m", total=5, in_flight=2,
+            ca_file=str(pem), timeout_s=10,
+        )  # fmt: skip
+        with load.Load(spec) as running_load:
+            result = running_load.finish(30)
+    assert result.sent == 5 and result.failed == 5 and result.ok == 0
+    assert all("HTTP 503" in (f["error"] or "") for f in result.to_json()["failures"])
