@@ -185,7 +185,10 @@ def front_status(socket_path: SocketOpt = None, hook: HookOpt = None, as_json: b
     balancer = _balancer(socket_path, hook, 60.0)
     servers = [s.to_json() for s in balancer.status()]
     source = f"hook {hook}" if hook is not None else f"HAProxy {balancer.socket_path}"
-    output.emit({"source": source, "servers": servers}, as_json, lambda: print_servers(servers, source))
+    data: dict[str, Any] = {"source": source, "servers": servers}
+    if hook is None:  # HAProxy's own count of failed requests (a hook's balancer has its own)
+        data["failures"] = balancer.failures()
+    output.emit(data, as_json, lambda: print_servers(servers, source))
 
 
 def _progress(server: str, left: int, elapsed: float) -> None:
@@ -198,10 +201,12 @@ def _set(verb: str, state: str, server: str, socket_path: Path | None, hook: Pat
 
     target = _balancer(socket_path, hook, timeout)
     waited = None
+    in_flight = None
     if isinstance(target, balancers.HookBalancer):  # the hook's own contract: drain returns once drained
         {"ready": target.add, "drain": target.drain, "maint": target.remove}[state](server)
         source = f"hook {hook}"
     else:
+        in_flight = target.sessions(server)  # what the change catches in flight (a drain lets them finish)
         target.set_state(server, state)
         source = f"HAProxy {target.socket_path}"
         if wait and state == "ready":
@@ -212,7 +217,7 @@ def _set(verb: str, state: str, server: str, socket_path: Path | None, hook: Pat
             )
     servers = [s.to_json() for s in target.status()]
     data = {"server": server, "state": state, "waited_s": round(waited, 2) if waited is not None else None,
-            "source": source, "servers": servers}  # fmt: skip
+            "in_flight_before": in_flight, "source": source, "servers": servers}  # fmt: skip
 
     def show() -> None:
         print_servers(servers, source)

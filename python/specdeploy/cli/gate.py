@@ -14,7 +14,7 @@ from specdeploy.cli import base, output
 from specdeploy.cli.smoke import print_smoke
 from specdeploy.core import layout
 from specdeploy.core.errors import UsageError
-from specdeploy.profile import resolve_profile_path
+from specdeploy.profile import load_profile, resolve_profile_path
 
 EXIT_NOT_RESTORED = 4  # README "Exit codes": the gate failed and no stack was proven to serve (gate.run)
 
@@ -120,5 +120,34 @@ def gate(
     raise typer.Exit(report.exit_code)
 
 
+def served_identity(
+    profile: base.ProfileOpt,
+    state_dir: base.StateDirOpt = None,
+    unit: base.UnitOpt = layout.UNIT_NAME,
+    podman: base.PodmanOpt = "podman",
+    as_json: base.JsonOpt = False,
+) -> None:
+    """The identity of the stack this host serves now, and its key: what a golden transcript belongs
+    to (engine, pinned version and commit, image ID, the lock's hashes, the serve and speculative
+    sections). Read-only: `migrate plan` compares it with the last verified gate's."""
+    from specdeploy.gate import golden
+
+    host = base.host_layout(None, None, state_dir)
+    unit_file = layout.UNIT_FILES["container"].with_name(f"{unit}.container")
+    identity = golden.served_identity(
+        load_profile(resolve_profile_path(profile)), host, unit_file=unit_file, podman=podman
+    )
+    data = {"key": golden.key(identity), "identity": identity}
+
+    def table() -> None:
+        t = Table("field", "value", title=f"served identity {data['key']}")
+        for name, value in identity.items():
+            t.add_row(*output.cells(name, value))
+        output.out.print(t)
+
+    output.emit(data, as_json, table)
+
+
 def register(app: typer.Typer) -> None:
     app.command("gate")(gate)
+    app.command("served-identity")(served_identity)

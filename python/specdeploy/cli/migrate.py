@@ -1,5 +1,12 @@
 """`specdeploy migrate`: move a serving deployment to a new host (docs/migration.md).
 
+One verb per step, driven from the controller: `migrate plan|prepare|verify|cutover|rollback|finish
+--from OLD --to NEW -i INVENTORY [--front HOST]`. Each step checks its predecessors in the migration
+record (`<inventory dir>/migrations/OLD--NEW.json`), records its start and its end however it ends,
+prints a table (or `--json`) and exits 0 done, 1 a check failed (named, traffic where the record
+says), 2 bad input. Extra arguments after `--` go to `ansible-playbook deploy.yml` (the site's own
+`-e ...`, as its deploys pass them).
+
 `migrate compare OLD NEW --profile P` is verify's comparison of two gate reports (`gate.json`, as
 `<state>/runs/<run-id>/` holds them): the table of migrate.compare, every line with both values.
 Exit 0 when NEW serves what OLD serves, 1 when a line differs, 2 when a report or the profile
@@ -16,9 +23,21 @@ from rich.table import Table
 
 from specdeploy.cli import base, output
 from specdeploy.core import files
-from specdeploy.core.errors import InputFileError
+from specdeploy.core.errors import InputFileError, SpecdeployError, UsageError
 
-migrate_app = base.group("Move a serving deployment to a new host: verify's comparison (docs/migration.md).")
+migrate_app = base.group(
+    "Move a serving deployment to a new host: plan, prepare, verify, cutover, rollback, finish (docs/migration.md)."
+)
+FromOpt = Annotated[str, typer.Option("--from", help="OLD: the inventory name of the host serving now")]
+ToOpt = Annotated[str, typer.Option("--to", help="NEW: the inventory name of the host to move to")]
+InventoryOpt = Annotated[
+    Path, typer.Option("--inventory", "-i", help="the site's inventory (its directory: lock, records)")
+]
+FrontOpt = Annotated[str | None, typer.Option("--front", help="the inventory name of the front (HAProxy) host")]
+SocketOpt = Annotated[str, typer.Option("--socket", help="the front's runtime API socket on the front host")]
+VaultOpt = Annotated[
+    Path | None, typer.Option("--vault-password-file", help="the inventory's vault password (its group_vars)")
+]
 
 
 def _report(path: Path, which: str) -> dict[str, Any]:
@@ -59,6 +78,153 @@ def compare_reports(
 
     output.emit(result.to_json(), as_json, table)
     raise typer.Exit(0 if result.same else 1)
+
+
+def _step(
+    step: str,
+    old: str,
+    new: str,
+    inventory: Path,
+    front: str | None,
+    socket: str,
+    vault: Path | None,
+    deploy_args: list[str],
+    as_json: bool,
+    **options: Any,
+) -> None:
+    from specdeploy.migrate import hosts, record, steps
+
+    record.check_host_name(old, "--from")
+    record.check_host_name(new, "--to")
+    if old == new:
+        raise UsageError(
+            f"--from and --to name the same host ({old}): a migration moves between two",
+            hint="--from names the host serving now, --to the one to move to",
+        )
+    if front is not None:
+        record.check_host_name(front, "--front")
+    if not inventory.is_file():
+        raise UsageError(f"--inventory {inventory}: expected the site's inventory file, found none",
+                         hint="pass the inventory the deploys use (-i)")  # fmt: skip
+    site = inventory.resolve().parent
+    rec = record.load(site, old, new) or record.MigrationRecord(old=old, new=new)
+    if why := rec.may_start(step):
+        raise UsageError(why, hint=f"see `specdeploy migrate show --from {old} --to {new} -i {inventory}`")
+
+    def access(name: str) -> Any:
+        return hosts.access(inventory, name, vault_password_file=vault)
+
+    m = steps.Migration(
+        site=site, inventory=inventory.resolve(), old=access(old), new=access(new),
+        front=access(front) if front else None, front_socket=socket, vault_password_file=vault,
+        deploy_args=deploy_args,
+        progress=lambda text: output.err.print(f"{step}: {text}", highlight=False, markup=False),
+    )  # fmt: skip
+    rec.start(step)  # type: ignore[arg-type]
+    record.save(site, rec)
+    try:
+        details = getattr(steps, step)(m, rec, **options)
+    except SpecdeployError as exc:
+        rec.end(step, False, exc.message, {"hint": exc.hint})  # type: ignore[arg-type]
+        record.save(site, rec)
+        raise
+    except BaseException as exc:  # interrupted, or a bug: recorded, then raised as it was
+        rec.end(step, False, f"stopped: {type(exc).__name__}: {exc}")  # type: ignore[arg-type]
+        record.save(site, rec)
+        raise
+    finally:
+        m.close()
+    summary = _summary(step, details)
+    rec.end(step, True, summary, details)  # type: ignore[arg-type]
+    where = record.save(site, rec)
+    data = {"step": step, "summary": summary, "details": details, "traffic_on": rec.traffic_on, "record": str(where)}
+
+    def table() -> None:
+        t = Table("", "", title=f"migrate {step} {old} -> {new}")
+        for key, value in details.items():
+            t.add_row(*output.cells(key, value))
+        output.out.print(t)
+        output.out.print(f"[green]{step} done[/]: {output.text(summary)}; traffic on {rec.traffic_on}; record {where}")
+
+    output.emit(data, as_json, table)
+
+
+def _summary(step: str, details: dict[str, Any]) -> str:
+    if step == "plan":
+        return f"{details['files']} files, {details['bytes_to_copy']} bytes to copy; downtime: none expected"
+    if step == "prepare":
+        seeded = details["seed"]
+        copied = f"{seeded['copied']} files copied ({seeded['bytes_copied']} bytes)"
+        return f"{copied}, {seeded['already_verified']} already verified; NEW deployed and gated"
+    if step == "verify":
+        return details["summary"]
+    if step in ("cutover", "rollback") and "duration_s" in details:
+        return f"{details['duration_s']} s, {details['failed_requests_at_front']} failed request(s) at the front"
+    return str(details.get("traffic") or details.get("old_engine") or "done")
+
+
+DeployArgs = Annotated[list[str] | None, typer.Argument(help="after --: extra arguments for deploy.yml")]
+
+
+def _command(step: str, doc: str) -> None:
+    def command(
+        old: FromOpt,
+        new: ToOpt,
+        inventory: InventoryOpt,
+        front: FrontOpt = None,
+        socket: SocketOpt = "/run/haproxy/admin.sock",
+        vault: VaultOpt = None,
+        deploy_args: DeployArgs = None,
+        as_json: base.JsonOpt = False,
+    ) -> None:
+        _step(step, old, new, inventory, front, socket, vault, list(deploy_args or []), as_json)
+
+    command.__doc__ = doc
+    migrate_app.command(step)(command)
+
+
+_command("plan", "Check both hosts, OLD's verified gate, golden and identity; print what will be copied.")
+_command("prepare", "Seed NEW's weights from OLD (verified, resumable), copy OLD's golden, deploy OLD's profile.")
+_command("verify", "Gate NEW and compare it with OLD's last verified gate; any difference stops here.")
+_command("cutover", "Through the front: NEW in, OLD drained (in-flight requests finish), OLD out.")
+_command("rollback", "Back to OLD from any step: OLD in, NEW drained, NEW out.")
+
+
+@migrate_app.command("finish")
+def finish(
+    old: FromOpt,
+    new: ToOpt,
+    inventory: InventoryOpt,
+    stop_old: Annotated[bool, typer.Option("--stop-old", help="stop OLD's engine (weights and state kept)")] = False,
+    front: FrontOpt = None,
+    socket: SocketOpt = "/run/haproxy/admin.sock",
+    vault: VaultOpt = None,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """After NEW served the profile's soak with its light gate passing: stop OLD's engine (--stop-old)."""
+    _step("finish", old, new, inventory, front, socket, vault, [], as_json, stop_old=stop_old)
+
+
+@migrate_app.command("show")
+def show(old: FromOpt, new: ToOpt, inventory: InventoryOpt, as_json: base.JsonOpt = False) -> None:
+    """The migration record: each step's status, summary and times, and where traffic is."""
+    from specdeploy.migrate import record
+
+    rec = record.load(inventory.resolve().parent, old, new)
+    if rec is None:
+        raise UsageError(f"no migration {old} -> {new} recorded beside {inventory}", hint="start with `migrate plan`")
+
+    def table() -> None:
+        t = Table(
+            "step", "status", "finished", "summary", title=f"migration {old} -> {new} (traffic on {rec.traffic_on})"
+        )
+        for name in record.STEPS:
+            found = rec.steps.get(name)  # type: ignore[call-overload]
+            t.add_row(*output.cells(name, found.status if found else "not run", found.finished_at if found else "",
+                                    found.summary if found else ""))  # fmt: skip
+        output.out.print(t)
+
+    output.emit(rec.model_dump(mode="json"), as_json, table)
 
 
 def register(app: typer.Typer) -> None:

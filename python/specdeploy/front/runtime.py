@@ -220,6 +220,18 @@ class RuntimeApi:
             if row.get("pxname") == self.backend and row.get("svname") not in ("FRONTEND", "BACKEND")
         ]
 
+    def failures(self) -> dict[str, int]:
+        """The front's own count of requests that failed behind it since HAProxy started: the backend's
+        5xx answers (its own 503 when no server could take a request included), connection errors and
+        response errors (`show stat`'s hrsp_5xx, econ, eresp on the BACKEND row). A step reads it before
+        and after moving traffic: the difference is what its clients saw fail."""
+        reply = self._checked("show stat")
+        rows = csv.DictReader(io.StringIO(reply.lstrip()[2:]))
+        for row in rows:
+            if row.get("pxname") == self.backend and row.get("svname") == "BACKEND":
+                return {k: int(row.get(k) or 0) for k in ("hrsp_5xx", "econ", "eresp")}
+        raise RuntimeApiError(f"`show stat`: no BACKEND row for {self.backend}")
+
     def _require_name(self, server: str) -> None:
         if not server or any(c.isspace() or c in "/;" for c in server):
             raise UnknownServerError(

@@ -1,0 +1,390 @@
+"""The runbook's steps: plan, prepare, verify, cutover, rollback, finish (docs/migration.md).
+
+Each step is a function of a `Migration` (the two hosts, the front, the site's deploy arguments)
+and the migration record (migrate.record); each checks its own preconditions, does its work,
+checks the result and records it — whatever the outcome — so a step can be re-run after a fix
+and an interrupted one resumed. Traffic reaches NEW only in `cutover`, and only after `verify`
+passed; `rollback` puts it back on OLD from any step.
+
+| step | on OLD | on NEW | on the front |
+|---|---|---|---|
+| plan | its verified gate report, golden, profile; its identity now | reachable | both servers known |
+| prepare | streams the weights' files | weights seeded and verified, OLD's golden, `deploy.yml` | NEW out (maint) |
+| verify | — | the gate, then its report compared with OLD's (migrate.compare) | — |
+| cutover | drained, then out | in | NEW ready, OLD drained, OLD maint |
+| rollback | back in | drained, out | OLD ready, NEW drained, NEW maint |
+| finish | engine stopped (decommission.yml, weights and state kept) | its light gate passes | — |
+
+Commands on the hosts are the host CLI's (the specdeploy role installs it), run through Fabric as
+the inventory's user; secrets never travel: the hosts read their own key files.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdeploy.core import atomic, layout
+from specdeploy.core.errors import SpecdeployError
+from specdeploy.migrate import compare, record, seed
+from specdeploy.migrate.hosts import HostAccess, connect, host_vars
+from specdeploy.profile import Profile, load_profile
+from specdeploy.profile.lock import Lock
+from specdeploy.weights.fetch import models_of
+
+CLI = layout.InstallLayout().to_json()["cli"]
+PATH_VARS = {
+    "models": "specdeploy_models_dir",
+    "serving": "specdeploy_serving_dir",
+    "state": "specdeploy_state_dir",
+    "cache": "specdeploy_cache_dir",
+}
+
+
+class StepError(SpecdeployError):
+    """A step found something wrong: nothing past it ran, traffic stays where the record says."""
+
+    exit_code = 1
+
+
+@dataclass
+class Migration:
+    site: Path  # the site directory: the inventory's, holding the lock and migrations/
+    inventory: Path
+    old: HostAccess
+    new: HostAccess
+    front: HostAccess | None = None
+    front_socket: str = "/run/haproxy/admin.sock"
+    vault_password_file: Path | None = None
+    deploy_args: list[str] = field(default_factory=list)  # the site's own -e ... for deploy.yml
+    playbook_dir: Path | None = None
+    progress: Callable[[str], None] = lambda message: None
+    _connections: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def lock_path(self) -> Path:
+        return self.site / "specdeploy.lock"
+
+    @property
+    def workdir(self) -> Path:
+        """What plan keeps on the controller for this move (OLD's profile copy, its reports)."""
+        return self.site / "migrations" / f"{self.old.name}--{self.new.name}"
+
+    def conn(self, host: HostAccess) -> Any:
+        if host.name not in self._connections:
+            self._connections[host.name] = connect(host)
+        return self._connections[host.name]
+
+    def layout(self, host: HostAccess) -> layout.HostLayout:
+        variables = host_vars(self.inventory, host.name, vault_password_file=self.vault_password_file)
+        return layout.HostLayout.of(**{root: variables.get(var) for root, var in PATH_VARS.items()})
+
+    def close(self) -> None:
+        for connection in self._connections.values():
+            connection.close()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def run(m: Migration, host: HostAccess, argv: list[str], *, what: str, ok_codes: tuple[int, ...] = (0,)) -> Any:
+    """One command on a host (argv quoted; never a secret), its result; a StepError naming the host,
+    the command and its last line of output when its exit code is not in `ok_codes`."""
+    command = " ".join(shlex.quote(a) for a in argv)
+    try:
+        done = m.conn(host).run(command, hide=True, warn=True, in_stream=False)
+    except Exception as exc:  # paramiko/socket errors: the host cannot be reached
+        raise StepError(
+            f"{host.name} ({host.address}:{host.port}): cannot run {what}: {type(exc).__name__}: {exc}",
+            hint="check the host is up and the inventory's ssh settings (`ansible -i INVENTORY -m ping HOST`)",
+        ) from None
+    if done.exited not in ok_codes:
+        last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-3:]
+        raise StepError(
+            f"{host.name}: {what} exited {done.exited}: {' / '.join(last) or '(no output)'}",
+            hint=f"run it on {host.name} by hand to see all of it: {command}",
+        )
+    return done
+
+
+def read_json_file(m: Migration, host: HostAccess, path: str, *, what: str) -> dict[str, Any] | None:
+    done = run(m, host, ["cat", "--", path], what=f"reading {what}", ok_codes=(0, 1))
+    if done.exited != 0:
+        return None
+    try:
+        data = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        raise StepError(f"{host.name}: {what} {path} is not JSON", hint="inspect the file on the host") from None
+    return data if isinstance(data, dict) else None
+
+
+def front_command(m: Migration, verb: str, server: str, *extra: str) -> dict[str, Any]:
+    """`specdeploy front VERB SERVER` on the front host, through its runtime socket."""
+    if m.front is None:
+        raise StepError(
+            "no front host: cutover and rollback move traffic through the site's front door",
+            hint="pass --front HOST (the inventory's HAProxy host; docs/front.md)",
+        )
+    argv = [CLI, "front", verb, *([server] if server else []), "--socket", m.front_socket, *extra, "--json"]
+    done = run(m, m.front, argv, what=f"`specdeploy front {verb} {server}`".replace("  ", " "))
+    return json.loads(done.stdout) if done.stdout.strip() else {}
+
+
+def front_servers(m: Migration) -> dict[str, dict[str, Any]]:
+    shown = front_command(m, "status", "")
+    return {s["name"]: s for s in shown.get("servers", [])}
+
+
+def revisions_served(profile: Profile, report: dict[str, Any], models: Path) -> dict[str, str]:
+    """role -> revision, from the `served` paths of a passing gate report."""
+    found: dict[str, str] = {}
+    for role, ref in models_of(profile):
+        prefix = (models / ref.repo).as_posix() + "/"
+        for path in report.get("served") or []:
+            if str(path).startswith(prefix):
+                found[role] = str(path)[len(prefix) :].split("/", 1)[0]
+    return found
+
+
+def _deploy(m: Migration, host: HostAccess, profile: Profile, profiles_dir: Path, extra: dict[str, str]) -> int:
+    """`ansible-playbook deploy.yml -l HOST` with the site's arguments and OLD's profile copy."""
+    playbook_dir = m.playbook_dir or Path(__file__).resolve().parents[3] / "ansible"
+    argv = ["ansible-playbook", "deploy.yml", "-i", str(m.inventory), "-l", host.name]
+    if m.vault_password_file is not None:
+        argv += ["--vault-password-file", str(m.vault_password_file)]
+    variables = {"specdeploy_profile": profile.name, "specdeploy_profiles_src": str(profiles_dir)} | extra
+    for key, value in variables.items():
+        argv += ["-e", f"{key}={value}"]
+    argv += m.deploy_args
+    log = m.workdir / f"deploy-{host.name}-{int(time.time())}.log"
+    m.progress(f"deploy.yml -l {host.name} (log: {log})")
+    with log.open("w") as sink:
+        done = subprocess.run(argv, cwd=playbook_dir, stdout=sink, stderr=subprocess.STDOUT, check=False)
+    return done.returncode
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
+    old_layout, new_layout = m.layout(m.old), m.layout(m.new)
+    for host in (m.old, m.new):
+        run(m, host, ["python3", "-c", "print('ok')"], what="a first command (reachable, Python present)")
+    verified = posixpath.join(old_layout.verified.as_posix(), "gate.json")
+    report = read_json_file(m, m.old, verified, what="OLD's last verified gate report")
+    if report is None or report.get("verdict") != "pass":
+        raise StepError(
+            f"{m.old.name}: no verified gate report at {verified}: OLD has no stack proven to serve, so there is "
+            "nothing to move that NEW could be compared with",
+            hint=f"deploy OLD first (`ansible-playbook deploy.yml -l {m.old.name}`), then plan again",
+        )
+    golden = report.get("golden") or {}
+    key = golden.get("key")
+    golden_file = posixpath.join(old_layout.golden.as_posix(), f"{key}.json") if key else None
+    if golden_file is None or read_json_file(m, m.old, golden_file, what="OLD's golden transcript") is None:
+        raise StepError(
+            f"{m.old.name}: its verified run has no golden transcript ({golden_file or 'no identity key'}): NEW's "
+            "outputs could not be compared with OLD's",
+            hint=f"re-run OLD's deploy (`ansible-playbook deploy.yml -l {m.old.name}`: a no-op deploy re-gates the "
+            "stack, and a passing gate records its golden), then plan again",
+        )
+    now = run(m, m.old, [CLI, "served-identity", "--profile", report["profile_file"], "--json"], what="OLD's identity")
+    serving = json.loads(now.stdout)
+    if serving.get("key") != key:
+        raise StepError(
+            f"{m.old.name}: what it serves now (identity {serving.get('key')}) is not what its last verified gate "
+            f"passed (identity {key}): the stack changed since its gate, so its report proves nothing",
+            hint=f"re-deploy OLD so its gate covers what it serves (`ansible-playbook deploy.yml -l {m.old.name}`)",
+        )
+    profile_text = run(m, m.old, ["cat", "--", report["profile_file"]], what="OLD's profile copy").stdout
+    atomic.ensure_dir(m.workdir / "profiles")
+    profile_path = m.workdir / "profiles" / Path(report["profile_file"]).name
+    atomic.write_bytes(profile_path, profile_text.encode())
+    atomic.write_json(m.workdir / "old-verified-gate.json", report)
+    profile = load_profile(profile_path)
+    rec.profile = profile.name
+    lock = Lock(m.lock_path)
+    revisions = revisions_served(profile, report, old_layout.models)
+    items = seed.planned_files(profile, lock, old_layout.models.as_posix(), revisions)
+    sizes = list(seed.iter_sizes(seed.FabricSide(m.conn(m.old), m.old.name), items))
+    servers = front_servers(m) if m.front is not None else {}
+    for host in (m.old, m.new):
+        if m.front is not None and host.name not in servers:
+            raise StepError(
+                f"the front ({m.front.name}) has no server {host.name}: traffic could not be moved to or from it",
+                hint="add both hosts to the front's backends (the inventory's engine group) and re-run "
+                f"`ansible-playbook deploy.yml -l {m.front.name} --tags front`; NEW stays in maint until cutover",
+            )
+    return {
+        "profile": profile.name,
+        "old_report": report["run_id"],
+        "identity_key": key,
+        "revisions": revisions,
+        "files": len(items),
+        "bytes_to_copy": sum(sizes),
+        "models_old": old_layout.models.as_posix(),
+        "models_new": new_layout.models.as_posix(),
+        "front": {name: s.get("state") for name, s in servers.items()},
+        "expected_downtime": "none: NEW takes traffic before OLD is drained",
+    }
+
+
+def prepare(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
+    planned = rec.steps["plan"].details
+    profile_path = m.workdir / "profiles" / f"{planned['profile']}.yaml"
+    profile = load_profile(profile_path)
+    items = seed.planned_files(profile, Lock(m.lock_path), planned["models_old"], planned["revisions"])
+    if planned["models_old"] != planned["models_new"]:
+        raise StepError(
+            f"OLD keeps models in {planned['models_old']}, NEW in {planned['models_new']}: seeding copies to the "
+            "same path",
+            hint="give NEW the same specdeploy_models_dir as OLD in the inventory, then plan again",
+        )
+    m.progress(f"seeding {len(items)} files from {m.old.name} to {m.new.name}")
+    seeded = seed.seed(seed.FabricSide(m.conn(m.old), m.old.name), seed.FabricSide(m.conn(m.new), m.new.name), items)
+    old_layout, new_layout = m.layout(m.old), m.layout(m.new)
+    key = planned["identity_key"]
+    golden_text = run(m, m.old, ["cat", "--", f"{old_layout.golden.as_posix()}/{key}.json"], what="OLD's golden")
+    run(m, m.new, ["mkdir", "-p", "--", new_layout.golden.as_posix()], what="NEW's golden directory")
+    with m.conn(m.new).sftp().open(f"{new_layout.golden.as_posix()}/{key}.json", "w") as f:
+        f.write(golden_text.stdout)
+    code = _deploy(m, m.new, profile, profile_path.parent, {"weights_source": "present", "front_enable": "false"})
+    if code != 0:
+        raise StepError(
+            f"deploy.yml on {m.new.name} exited {code}: NEW is not prepared (it takes no traffic)",
+            hint=f"read the play's log in {m.workdir}, fix what it names, and run `migrate prepare` again "
+            "(verified files are not copied again)",
+        )
+    return {"seed": seeded.to_json(), "golden": key, "deploy": "passed"}
+
+
+def verify(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
+    planned = rec.steps["plan"].details
+    profile = load_profile(m.workdir / "profiles" / f"{planned['profile']}.yaml")
+    new_layout = m.layout(m.new)
+    run_id = time.strftime("%Y%m%dT%H%M%S000000Z", time.gmtime())
+    installed = posixpath.join(layout.InstallLayout().to_json()["profiles"], f"{profile.name}.yaml")
+    m.progress(f"gating {m.new.name}")
+    run(
+        m,
+        m.new,
+        [CLI, "gate", "--profile", installed, "--run-id", run_id, "--no-rollback", "--json"],
+        what="NEW's gate",
+        ok_codes=(0, 1, 2, 3),
+    )
+    report = read_json_file(m, m.new, f"{new_layout.runs.as_posix()}/{run_id}/gate.json", what="NEW's gate report")
+    if report is None:
+        raise StepError(f"{m.new.name}: its gate wrote no report", hint="run `specdeploy gate` on NEW by hand")
+    atomic.write_json(m.workdir / "new-gate.json", report)
+    old_report = json.loads((m.workdir / "old-verified-gate.json").read_text())
+    result = compare.compare(old_report, report, decode_rate_tolerance=profile.migration.decode_rate_tolerance)
+    details = {"new_report": run_id, "comparison": result.to_json(), "summary": result.summary()}
+    if not result.same:
+        raise StepError(
+            f"{m.new.name} does not serve what {m.old.name} serves: {result.summary()}; traffic stays on OLD",
+            hint="fix NEW (re-run `migrate prepare`), then `migrate verify` again; `migrate rollback` abandons it",
+        )
+    return details
+
+
+def front_failures(m: Migration) -> int:
+    """The front's own count of failed requests so far (5xx answers, connection and response errors)."""
+    return sum(int(v) for v in (front_command(m, "status", "").get("failures") or {}).values())
+
+
+def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: HostAccess) -> dict[str, Any]:
+    """Traffic from `away` to `to` through the front: `to` in (once its health check passes), `away`
+    drained (its in-flight requests finish), `away` out. Times each step, and counts the requests
+    the front saw fail meanwhile (its own counters, before and after)."""
+    profile = load_profile(m.workdir / "profiles" / f"{rec.profile}.yaml")
+    failed_before = front_failures(m)
+    started = time.monotonic()
+    steps = []
+    rec.traffic_on = "both"
+    for verb, server, extra in (
+        ("enable", to.name, ["--wait"]),
+        ("drain", away.name, ["--wait", "--timeout", str(profile.migration.drain_timeout_s)]),
+        ("disable", away.name, []),
+    ):
+        t = time.monotonic()
+        shown = front_command(m, verb, server, *extra)
+        steps.append(
+            {
+                "step": verb,
+                "server": server,
+                "elapsed_s": round(time.monotonic() - t, 2),
+                "in_flight_before": shown.get("in_flight_before"),
+            }
+        )
+    rec.traffic_on = "new" if to is m.new else "old"
+    return {
+        "duration_s": round(time.monotonic() - started, 2),
+        "steps": steps,
+        "failed_requests_at_front": front_failures(m) - failed_before,
+        "finished_unix": time.time(),
+    }
+
+
+def cutover(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
+    return move(m, rec, to=m.new, away=m.old)
+
+
+def rollback(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
+    """Back to OLD from any step: before cutover nothing reached NEW (NEW is only left out)."""
+    if m.front is None or not _new_in_front(m):
+        rec.traffic_on = "old"
+        return {"traffic": "on OLD only: nothing to move", "steps": []}
+    return move(m, rec, to=m.old, away=m.new)
+
+
+def _new_in_front(m: Migration) -> bool:
+    return front_servers(m).get(m.new.name, {}).get("state") in ("ready", "drain")
+
+
+def finish(m: Migration, rec: record.MigrationRecord, *, stop_old: bool) -> dict[str, Any]:
+    if not stop_old:
+        raise StepError(
+            "`migrate finish` stops OLD's engine: it needs --stop-old, said explicitly",
+            hint="pass --stop-old once NEW has served long enough (the profile's migration.soak_s)",
+        )
+    profile = load_profile(m.workdir / "profiles" / f"{rec.profile}.yaml")
+    cut = rec.steps["cutover"].details.get("finished_unix", 0)
+    served = time.time() - cut
+    if rec.traffic_on != "new" or served < profile.migration.soak_s:
+        raise StepError(
+            f"NEW has served alone for {served:.0f} s of the profile's soak of {profile.migration.soak_s} s "
+            f"(traffic on: {rec.traffic_on}): OLD is still the way back",
+            hint=f"wait {max(0, profile.migration.soak_s - served):.0f} s more, then `migrate finish --stop-old`",
+        )
+    light = run(m, m.new, [CLI, "watch", "run", "--json"], what="NEW's light gate", ok_codes=(0, 1, 2))
+    result = json.loads(light.stdout) if light.stdout.strip() else {}
+    if light.exited != 0:
+        raise StepError(
+            f"{m.new.name}: its light gate did not pass ({result.get('verdict')}: {result.get('message')}): OLD is "
+            "kept",
+            hint="`migrate rollback` moves traffic back to OLD; fix NEW, then finish again",
+        )
+    playbook_dir = m.playbook_dir or Path(__file__).resolve().parents[3] / "ansible"
+    argv = ["ansible-playbook", "decommission.yml", "-i", str(m.inventory), "-l", m.old.name]
+    if m.vault_password_file is not None:
+        argv += ["--vault-password-file", str(m.vault_password_file)]
+    log = m.workdir / f"decommission-{m.old.name}.log"
+    with log.open("w") as sink:
+        code = subprocess.run(argv, cwd=playbook_dir, stdout=sink, stderr=subprocess.STDOUT, check=False).returncode
+    if code != 0:
+        raise StepError(
+            f"decommission.yml on {m.old.name} exited {code}: OLD's engine may still run",
+            hint=f"read {log}; traffic is on NEW either way",
+        )
+    return {
+        "light_gate": result.get("verdict"),
+        "old_engine": "stopped (weights and state kept)",
+        "keep_old_until_days": profile.migration.keep_old_days,
+    }
