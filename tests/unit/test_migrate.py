@@ -252,3 +252,21 @@ def test_a_load_against_a_front_that_refuses_counts_every_request_as_failed(pem:
             result = running_load.finish(30)
     assert result.sent == 5 and result.failed == 5 and result.ok == 0
     assert all("HTTP 503" in (f["error"] or "") for f in result.to_json()["failures"])
+
+
+# --------------------------------------------------------------------------- the human runbook
+
+
+def test_every_step_in_the_code_has_its_row_in_docs_migration_md() -> None:
+    """docs/migration.md is the human runbook for the same steps: a row per step (command, checks,
+    failure, recovery), and every `specdeploy migrate` command named in it."""
+    from specdeploy.cli.migrate import migrate_app
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "migration.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    for step in record.STEPS:
+        assert step in rows and f"`migrate {step}" in rows[step], step
+        assert len([c for c in rows[step].split("|") if c.strip()]) == 5, rows[step]
+    for command in migrate_app.registered_commands:
+        assert f"migrate {command.name}" in text, command.name
+    assert set(record.REQUIRES) == set(record.STEPS)
