@@ -125,19 +125,33 @@ def served_identity(
     state_dir: base.StateDirOpt = None,
     unit: base.UnitOpt = layout.UNIT_NAME,
     podman: base.PodmanOpt = "podman",
+    record_golden: Annotated[
+        bool,
+        typer.Option(
+            "--record-golden",
+            help="when this identity has no golden transcript, record one from the engine (its coherence prompts, "
+            "one at a time) and keep it in <state>/golden/",
+        ),
+    ] = False,
     as_json: base.JsonOpt = False,
 ) -> None:
     """The identity of the stack this host serves now, and its key: what a golden transcript belongs
     to (engine, pinned version and commit, image ID, the lock's hashes, the serve and speculative
-    sections). Read-only: `migrate plan` compares it with the last verified gate's."""
+    sections). Read-only unless --record-golden: `migrate plan` compares it with the last verified
+    gate's, and records OLD's golden where its verified run predates goldens."""
+    from specdeploy.engine import secret
     from specdeploy.gate import golden
 
     host = base.host_layout(None, None, state_dir)
     unit_file = layout.UNIT_FILES["container"].with_name(f"{unit}.container")
-    identity = golden.served_identity(
-        load_profile(resolve_profile_path(profile)), host, unit_file=unit_file, podman=podman
-    )
-    data = {"key": golden.key(identity), "identity": identity}
+    loaded = load_profile(resolve_profile_path(profile))
+    identity = golden.served_identity(loaded, host, unit_file=unit_file, podman=podman)
+    data: dict[str, Any] = {"key": golden.key(identity), "identity": identity}
+    if record_golden:
+        endpoint = f"http://127.0.0.1:{loaded.engine.serve.port}"
+        known = golden.path(host, data["key"]).is_file()
+        target = golden.record_serving(loaded, host, identity, endpoint=endpoint, api_key=secret.read(loaded, host))
+        data["golden"] = {"path": str(target), "recorded": not known}
 
     def table() -> None:
         t = Table("field", "value", title=f"served identity {data['key']}")

@@ -90,3 +90,42 @@ def _prune(host: layout.HostLayout, *, keep: set[Path]) -> None:
     for old in goldens[KEEP:]:
         if old not in keep:
             old.unlink(missing_ok=True)
+
+
+class GoldenRecordError(SpecdeployError):
+    exit_code = 1
+
+
+def record_serving(
+    profile: Profile, host: layout.HostLayout, identity: dict[str, Any], *, endpoint: str, api_key: str | None
+) -> Path:
+    """A golden for the identity a host serves now, from its engine: the smoke's readiness, then its
+    coherence prompts one at a time (greedy, read-only, a handful of requests: no load on a serving
+    host), adopted only when every answer is right and no output is degenerate. `migrate plan` uses it
+    for a host whose verified run predates goldens. The existing golden of that identity is kept."""
+    from specdeploy.smoke import stages  # the smoke's clients: only when recording
+
+    identity_key = key(identity)
+    if path(host, identity_key).is_file():
+        return path(host, identity_key)
+    atomic.ensure_dir(host.golden)
+    recorded = host.golden / f".recording-{identity_key}.json"
+    run = stages.Smoke(
+        profile, endpoint, stages.SmokeOptions(record_golden=recorded, api_key=api_key, show_progress=False)
+    )
+    try:
+        for check in (run.readiness, run.coherence, run.golden):
+            stage = check()
+            if stage.status is not stages.Status.passed:
+                raise GoldenRecordError(
+                    f"no golden recorded for identity {identity_key}: the {stage.name} stage did not pass "
+                    f"({stage.summary})",
+                    hint="a golden is recorded only from a stack that answers right: run `specdeploy gate` on this "
+                    "host and fix what it reports",
+                )
+    finally:
+        if run._client is not None:
+            run._client.close()
+    target = adopt(host, identity_key, identity, recorded)
+    recorded.unlink(missing_ok=True)
+    return target

@@ -185,24 +185,25 @@ def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
             "nothing to move that NEW could be compared with",
             hint=f"deploy OLD first (`ansible-playbook deploy.yml -l {m.old.name}`), then plan again",
         )
-    golden = report.get("golden") or {}
-    key = golden.get("key")
+    key = (report.get("golden") or {}).get("key")  # None: a verified run from before goldens
     golden_file = posixpath.join(old_layout.golden.as_posix(), f"{key}.json") if key else None
-    if golden_file is None or read_json_file(m, m.old, golden_file, what="OLD's golden transcript") is None:
-        raise StepError(
-            f"{m.old.name}: its verified run has no golden transcript ({golden_file or 'no identity key'}): NEW's "
-            "outputs could not be compared with OLD's",
-            hint=f"re-run OLD's deploy (`ansible-playbook deploy.yml -l {m.old.name}`: a no-op deploy re-gates the "
-            "stack, and a passing gate records its golden), then plan again",
-        )
-    now = run(m, m.old, [CLI, "served-identity", "--profile", report["profile_file"], "--json"], what="OLD's identity")
-    serving = json.loads(now.stdout)
-    if serving.get("key") != key:
-        raise StepError(
-            f"{m.old.name}: what it serves now (identity {serving.get('key')}) is not what its last verified gate "
-            f"passed (identity {key}): the stack changed since its gate, so its report proves nothing",
-            hint=f"re-deploy OLD so its gate covers what it serves (`ansible-playbook deploy.yml -l {m.old.name}`)",
-        )
+    has_golden = golden_file is not None and read_json_file(m, m.old, golden_file, what="OLD's golden") is not None
+    identify = [CLI, "served-identity", "--profile", report["profile_file"], "--json"]
+    if key is not None:
+        serving = json.loads(run(m, m.old, identify, what="OLD's identity").stdout)
+        if serving.get("key") != key:
+            raise StepError(
+                f"{m.old.name}: what it serves now (identity {serving.get('key')}) is not what its last verified "
+                f"gate passed (identity {key}): the stack changed since its gate, so its report proves nothing",
+                hint=f"re-deploy OLD so its gate covers what it serves (`ansible-playbook deploy.yml -l {m.old.name}`)",
+            )
+    recorded = None
+    if not has_golden:  # record one from OLD first: its coherence prompts, one at a time
+        m.progress(f"{m.old.name} has no golden transcript for its identity: recording one from its engine")
+        serving = json.loads(run(m, m.old, [*identify, "--record-golden"], what="recording OLD's golden").stdout)
+        key, recorded = serving["key"], serving["golden"]["path"]
+        if not report.get("golden"):  # verify compares NEW with this identity and its golden
+            report["golden"] = {"key": key, "identity": serving["identity"], "recorded_by": "migrate plan"}
     profile_text = run(m, m.old, ["cat", "--", report["profile_file"]], what="OLD's profile copy").stdout
     atomic.ensure_dir(m.workdir / "profiles")
     profile_path = m.workdir / "profiles" / Path(report["profile_file"]).name
@@ -226,6 +227,7 @@ def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
         "profile": profile.name,
         "old_report": report["run_id"],
         "identity_key": key,
+        "golden_recorded": recorded,
         "revisions": revisions,
         "files": len(items),
         "bytes_to_copy": sum(sizes),

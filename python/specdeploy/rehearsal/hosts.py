@@ -73,8 +73,20 @@ REHEARSAL_HOST_PACKAGES = (
 )  # fmt: skip
 
 
+# The site's front door (HAProxy, docs/front.md) on a host of its own, with what the specdeploy role
+# needs to install the CLI (its runtime-API commands: `specdeploy front`). HAProxy is Debian's, put in
+# the image as the hosts' other packages are, so no test waits on a package mirror.
+FRONT_HOST_PACKAGES = (
+    "systemd", "systemd-sysv", "openssh-server", "python3", "python3-venv", "sudo", "ca-certificates", "haproxy",
+)  # fmt: skip
+
+
 def host_image() -> str:
     return debootstrap_image("trixie", HOST_PACKAGES, "localhost/specdeploy-test/host")
+
+
+def front_host_image() -> str:
+    return debootstrap_image("bookworm", FRONT_HOST_PACKAGES, "localhost/specdeploy-test/front-host")
 
 
 def rehearsal_host_image() -> str:
