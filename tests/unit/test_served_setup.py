@@ -4,6 +4,7 @@ tests/data/gpu-vllm-0.26/SOURCES.md)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from tests.support.data import DATA
 from specdeploy.core.layout import local_layout
 from specdeploy.engine import startup_log
 from specdeploy.gate import golden
-from specdeploy.profile import load_profile
+from specdeploy.profile import load_profile, resolve_profile_path
 from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import variants
 from specdeploy.smoke.clients import stream_rate
@@ -108,3 +109,26 @@ def test_a_goldens_key_follows_the_served_identity(tmp_path: Path) -> None:
     lock.record("cpu-rehearsal", "target.files@abc", {"config.json": "sha256:" + "1" * 64}, by="a fetch")
     lock.save()
     assert golden.key(golden.served_identity(profile, host, unit_file=unit, podman="podman")) != golden.key(base)
+
+
+def test_a_golden_is_recorded_from_a_serving_engine_only_when_its_answers_are_right(tmp_path: Path) -> None:
+    """`served-identity --record-golden` (migrate plan, for a host whose verified run predates
+    goldens), against a vLLM stand-in on a loopback port: a right engine's coherence outputs become
+    the identity's golden (with the identity beside them); a wrong answer records nothing."""
+    from tests.support.vllm_stub import engines
+
+    profile = load_profile(resolve_profile_path("cpu-rehearsal"))
+    host = local_layout(tmp_path / "state")
+    identity = {"engine": "vllm", "version": "0.32.0", "test": "right"}
+    with engines() as start:
+        stub, url = start(acceptance=2.8)
+        kept = golden.record_serving(profile, host, identity, endpoint=url, api_key=None)
+        assert kept == golden.path(host, golden.key(identity))
+        record = json.loads(kept.read_text())
+        assert record["identity"] == identity and record["outputs"] and record["identity_key"] == golden.key(identity)
+        stub.answers["6 times 7"] = "6 times 7 is 43."
+        wrong = {**identity, "test": "wrong"}
+        with pytest.raises(golden.GoldenRecordError, match="coherence stage did not pass"):
+            golden.record_serving(profile, host, wrong, endpoint=url, api_key=None)
+    assert not golden.path(host, golden.key(wrong)).exists()
+    assert sorted(p.name for p in host.golden.iterdir()) == [kept.name]
