@@ -159,10 +159,10 @@ def _deploy(m: Migration, host: HostAccess, profile: Profile, profiles_dir: Path
     argv = ["ansible-playbook", "deploy.yml", "-i", str(m.inventory), "-l", host.name]
     if m.vault_password_file is not None:
         argv += ["--vault-password-file", str(m.vault_password_file)]
+    argv += m.deploy_args  # the site's own, then the migration's (the later -e wins: OLD's profile, seeded weights)
     variables = {"specdeploy_profile": profile.name, "specdeploy_profiles_src": str(profiles_dir)} | extra
     for key, value in variables.items():
         argv += ["-e", f"{key}={value}"]
-    argv += m.deploy_args
     log = m.workdir / f"deploy-{host.name}-{int(time.time())}.log"
     m.progress(f"deploy.yml -l {host.name} (log: {log})")
     with log.open("w") as sink:
