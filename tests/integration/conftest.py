@@ -11,30 +11,32 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.support import container_rig as rig_support
 from tests.support.testhost import Host, boot_host, rehearsal_host_image
 
 from specdeploy.rehearsal import archive, deploy, launcher, proof, stacks
 
-# The modules that share the rehearsal host, in the order they must run (the second starts from
-# the state the first left).
-REHEARSAL_HOST_MODULES = ("test_deploy_rehearsal.py", "test_watch_rehearsal.py")
+# Modules that share a session's host, each pair in the order it must run (the second starts from
+# the state the first left): the venv rehearsal host, and the container host OLD of a migration.
+FOLLOWERS = {"test_deploy_rehearsal.py": "test_watch_rehearsal.py", "test_container_rehearsal.py": "test_migration.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run test_watch_rehearsal.py's tests right after test_deploy_rehearsal.py's: both use the
-    session's rehearsal host, which the watch module leaves quiet (engine and timer stopped) for
-    the rest of the session. Every other test keeps its place."""
+    """Run each follower's tests right after its leader's: test_watch_rehearsal.py after
+    test_deploy_rehearsal.py (the rehearsal host, left quiet for the rest of the session),
+    test_migration.py after test_container_rehearsal.py (the container host's deployment is the
+    migration's OLD). Every other test keeps its place."""
 
     def name(item: pytest.Item) -> str:
         return Path(str(item.fspath)).name
 
-    watch = [item for item in items if name(item) == REHEARSAL_HOST_MODULES[1]]
-    deploy_tests = [i for i, item in enumerate(items) if name(item) == REHEARSAL_HOST_MODULES[0]]
-    if not watch or not deploy_tests:
-        return
-    rest = [item for item in items if name(item) != REHEARSAL_HOST_MODULES[1]]
-    at = max(i for i, item in enumerate(rest) if name(item) == REHEARSAL_HOST_MODULES[0]) + 1
-    items[:] = rest[:at] + watch + rest[at:]
+    for leader, follower in FOLLOWERS.items():
+        following = [item for item in items if name(item) == follower]
+        if not following or not any(name(item) == leader for item in items):
+            continue
+        rest = [item for item in items if name(item) != follower]
+        at = max(i for i, item in enumerate(rest) if name(item) == leader) + 1
+        items[:] = rest[:at] + following + rest[at:]
 
 
 @pytest.fixture(scope="session")
@@ -117,3 +119,12 @@ def trixie_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     that only reads or writes files and units on it."""
     with boot_host("specdeploy-th-trixie", 2302, tmp_path_factory.mktemp("trixie")) as host:
         yield host
+
+
+@pytest.fixture(scope="session")
+def container_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rig_support.Rig]:
+    """The container rehearsal's trixie host with the gated hub and the site registry
+    (tests/support/container_rig.py): test_container_rehearsal.py deploys it, test_migration.py,
+    right after it, moves that deployment to a second host."""
+    with rig_support.started(tmp_path_factory.mktemp("container")) as rig:
+        yield rig

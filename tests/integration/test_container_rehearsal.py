@@ -26,123 +26,34 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests.support import canary
+from tests.support import canary, container_rig
 
 from specdeploy.core import layout
-from specdeploy.gate.run import new_run_id
 from specdeploy.images import build as images
 from specdeploy.profile import load_profile
 from specdeploy.profile.lock import Lock
-from specdeploy.rehearsal import deploy, engine_image, hosts, hub, registry, variants
+from specdeploy.rehearsal import deploy, engine_image, hosts, variants
 
 pytestmark = [pytest.mark.testhost, pytest.mark.vllm, pytest.mark.podman, pytest.mark.hub]
-HOST_NAME, SSH_PORT, HOST_IP = "specdeploy-container-host", 2340, "10.89.64.30"
-PROFILE = deploy.PROFILE
-TOKEN = canary.new_canary("hf_CANARYtoken")
-API_KEY = canary.new_canary("sk-CANARYkey")
+HOST_NAME, PROFILE, TOKEN, API_KEY = (
+    container_rig.HOST_NAME,
+    container_rig.PROFILE,
+    container_rig.TOKEN,
+    container_rig.API_KEY,
+)
+Rig = container_rig.Rig
 DEFAULT = layout.HostLayout()
 UNIT = layout.UNIT_FILES["container"]
 CLI = layout.InstallLayout().to_json()["cli"]
 
 
-@dataclass
-class Rig:
-    """The shared host, the hub, and everything a play needs from the controller."""
-
-    host: hosts.Host
-    served: hub.Hub
-    site: registry.Registry  # the site registry: the base by its digest (and, last, the image built once)
-    wheels: Path
-    # the engine image as an archive, kept once per cache key (engine_image.archive_key): loaded
-    # when there (`images_source: archive`, as an air-gapped site), else built on the host and kept
-    engine_archive: Path
-    profiles: Path  # the profile pinned at the hub's commits
-    vault: deploy.Vault  # the canary token and key, in an ansible-vault file as a site keeps them
-    logs: Path  # every play's -vvv output and the controller's ssh argv log
-    ssh: Path
-    recording: str  # the host's argv logger, as inventory variables
-    # "archive" when a run before this one kept the image for this key, else "build" (and keep it)
-    images_source: str
-    plays: int = 0
-
-
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    work = tmp_path_factory.mktemp("container")
-    profile = load_profile(PROFILE)
-    site = registry.start_registry()
-    base = engine_image.base_in_registry(profile, registry=site.address, cert_dir=site.cert_dir)
-    wheels = deploy.wheelhouse(PROFILE)
-    vault = deploy.rehearsal_vault(work / "secrets", token=TOKEN, api_key=API_KEY)
-    gated = [profile.drafter.repo] if profile.drafter else []
-    with hub.hub(token=TOKEN, gated=gated) as served:
-        profiles = deploy.pinned_profile(profile, served.commits, work / "profiles", base=base).parent
-        pinned = load_profile(profiles / f"{PROFILE}.yaml")
-        key = engine_image.archive_key(pinned, context=deploy.checkout(), wheels=wheels)
-        hub.ensure_network()
-        host = hosts.start(
-            HOST_NAME,
-            SSH_PORT,
-            work,
-            image=hosts.host_image(),
-            containers=True,
-            network=hosts.Network(hub.NETWORK, HOST_IP),
-        )
-        try:
-            logs = work / "logs"
-            logs.mkdir()
-            yield Rig(
-                host=host,
-                served=served,
-                site=site,
-                wheels=wheels,
-                engine_archive=engine_image.engine_archive(pinned, key),
-                images_source="archive" if engine_image.engine_archive(pinned, key).is_file() else "build",
-                profiles=profiles,
-                vault=vault,
-                logs=logs,
-                ssh=canary.ssh_wrapper(logs),
-                recording=canary.install_argv_logger(host),
-            )
-        finally:
-            hosts.stop(HOST_NAME)
-
-
-def _play(
-    rig: Rig, *, profiles: Path | None = None, images: dict[str, str] | None = None
-) -> tuple[subprocess.CompletedProcess[str], dict | None]:
-    """One play (-vvv, kept for the canary search), and its own gate report from the host."""
-    run_id = new_run_id()
-    recording = dict(item.split("=", 1) for item in rig.recording.split())
-    argv = deploy.playbook_argv(
-        rig.host,
-        rig.logs.parent / "hosts.ini",
-        wheels=rig.wheels,
-        archive=None,
-        run_id=run_id,
-        profile=PROFILE,
-        profiles=profiles or rig.profiles,
-        extra_vars={
-            "weights_source": "hub",
-            "weights_hf_endpoint": rig.served.endpoint_in_network,
-            # the site registry's CA: the base the host build starts from comes from there by its digest
-            "images_registry": rig.site.address,
-            "images_registry_ca_src": str(rig.site.ca),
-            **(images or {"images_source": rig.images_source, "images_archive_src": str(rig.engine_archive)}),
-            "ansible_ssh_executable": str(rig.ssh),
-        },
-        vault=rig.vault,
-        host_vars=recording,
-    )
-    run = deploy.run_playbook([*argv, "-vvv"], capture=True)
-    rig.plays += 1
-    (rig.logs / f"play-{rig.plays}-vvv.log").write_text(run.stdout + run.stderr)
-    return run, deploy.gate_report(rig.host, run_id)
+def rig(container_rig: Rig) -> Rig:
+    """The session's container host (tests/support/container_rig.py), deployed by this module."""
+    return container_rig
 
 
 def _variant(rig: Rig, tmp_path: Path, patch: dict) -> Path:
@@ -171,7 +82,7 @@ def _status(rig: Rig, path: str, *, key: str | None) -> int:
 def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_rerun_changes_nothing(
     rig: Rig,
 ) -> None:
-    run, report = _play(rig)
+    run, report = container_rig.play(rig)
     assert run.returncode == 0, run.stdout[-5000:]
     assert report is not None and report["verdict"] == "pass" and report["smoke"]["verdict"] == "pass", report
     host = rig.host
@@ -209,7 +120,7 @@ def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_
     assert _status(rig, "/v1/models", key=None) == 401
     assert _status(rig, "/v1/models", key=API_KEY) == 200
 
-    again, second = _play(rig)
+    again, second = container_rig.play(rig)
     assert again.returncode == 0, again.stdout[-4000:]
     assert second is not None and second["verdict"] == "pass"
     assert deploy.changed_tasks(again.stdout) == []
@@ -253,7 +164,7 @@ def test_a_failed_gate_restores_the_previous_container_stack_which_serves(rig: R
     reach, as a corrupted drafter would) is replaced by the previous one, proven to serve."""
     unit_before = rig.host.ssh(f"cat {UNIT}").stdout
     profiles = _variant(rig, tmp_path, variants.unreachable_acceptance_floor(load_profile(PROFILE)))
-    run, report = _play(rig, profiles=profiles)
+    run, report = container_rig.play(rig, profiles=profiles)
     assert run.returncode != 0 and "the gate did not pass" in run.stdout, run.stdout[-4000:]
     assert report is not None and report["verdict"] == "fail", report
     assert report["rollback"]["previous_stack_serves"] is True, report["rollback"]
@@ -282,7 +193,7 @@ def test_an_interrupted_run_is_restored_and_proven_before_the_next_run_replaces_
     assert interrupted.returncode == 0, interrupted.stdout + interrupted.stderr
     assert "--max-model-len 384" in host.ssh(f"cat {UNIT}").stdout  # the ungated engine runs
 
-    run, report = _play(rig)
+    run, report = container_rig.play(rig)
     assert run.returncode == 0, run.stdout[-4000:]
     assert "specdeploy : Recover an interrupted earlier run (restore and prove the previous stack)" in (
         deploy.changed_tasks(run.stdout)
@@ -299,7 +210,7 @@ def test_an_engine_container_that_cannot_start_is_rolled_back_at_once(rig: Rig, 
     systemd restarts it in a loop; the gate reads the crash loop from the unit and rolls back."""
     unit_before = rig.host.ssh(f"cat {UNIT}").stdout
     profiles = _variant(rig, tmp_path, {"engine": {"serve": {"extra_args": ["--no-such-flag"]}}})
-    run, report = _play(rig, profiles=profiles)
+    run, report = container_rig.play(rig, profiles=profiles)
     assert run.returncode != 0 and "the gate did not pass" in run.stdout, run.stdout[-4000:]
     assert report is not None and report["verdict"] == "error", report
     readiness = report["smoke"]["stages"][0]
@@ -370,7 +281,7 @@ def test_the_host_pulls_the_image_built_once_on_the_controller_by_its_digest_and
     site_lock = rig.logs.parent / "specdeploy.lock"  # beside the inventory the plays use
     profile = load_profile(rig.profiles / f"{PROFILE}.yaml")
     digest = deploy.build_once(profile, wheels=rig.wheels, site=site, site_lock=site_lock)
-    run, report = _play(rig, images={"images_source": "pull"})
+    run, report = container_rig.play(rig, images={"images_source": "pull"})
     assert run.returncode == 0, run.stdout[-5000:]
     assert report is not None and report["verdict"] == "pass", report
     assert '"action": "pulled"' in run.stdout

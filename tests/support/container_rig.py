@@ -1,0 +1,118 @@
+"""The container rehearsal's rig: one disposable Debian trixie host running podman itself (nested),
+the gated hub, the site registry, and what a play needs from the controller. Shared for the session
+(tests/integration/conftest.py): test_container_rehearsal.py deploys it, test_migration.py then moves
+its deployment to a second host (the deployment it leaves is OLD)."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support import canary
+
+from specdeploy.gate.run import new_run_id
+from specdeploy.profile import load_profile
+from specdeploy.rehearsal import deploy, engine_image, hosts, hub, registry
+
+HOST_NAME, SSH_PORT, HOST_IP = "specdeploy-container-host", 2340, "10.89.64.30"
+PROFILE = deploy.PROFILE
+TOKEN = canary.new_canary("hf_CANARYtoken")
+API_KEY = canary.new_canary("sk-CANARYkey")
+
+
+@dataclass
+class Rig:
+    """The shared host, the hub, and everything a play needs from the controller."""
+
+    host: hosts.Host
+    served: hub.Hub
+    site: registry.Registry  # the site registry: the base by its digest (and, last, the image built once)
+    wheels: Path
+    # the engine image as an archive, kept once per cache key (engine_image.archive_key): loaded
+    # when there (`images_source: archive`, as an air-gapped site), else built on the host and kept
+    engine_archive: Path
+    profiles: Path  # the profile pinned at the hub's commits
+    vault: deploy.Vault  # the canary token and key, in an ansible-vault file as a site keeps them
+    logs: Path  # every play's -vvv output and the controller's ssh argv log
+    ssh: Path
+    recording: str  # the host's argv logger, as inventory variables
+    # "archive" when a run before this one kept the image for this key, else "build" (and keep it)
+    images_source: str
+    plays: int = 0
+
+
+@contextlib.contextmanager
+def started(work: Path) -> Iterator[Rig]:
+    """The hub, the site registry and the container host, started (the host stopped on exit)."""
+    profile = load_profile(PROFILE)
+    site = registry.start_registry()
+    base = engine_image.base_in_registry(profile, registry=site.address, cert_dir=site.cert_dir)
+    wheels = deploy.wheelhouse(PROFILE)
+    vault = deploy.rehearsal_vault(work / "secrets", token=TOKEN, api_key=API_KEY)
+    gated = [profile.drafter.repo] if profile.drafter else []
+    with hub.hub(token=TOKEN, gated=gated) as served:
+        profiles = deploy.pinned_profile(profile, served.commits, work / "profiles", base=base).parent
+        pinned = load_profile(profiles / f"{PROFILE}.yaml")
+        key = engine_image.archive_key(pinned, context=deploy.checkout(), wheels=wheels)
+        hub.ensure_network()
+        host = hosts.start(
+            HOST_NAME,
+            SSH_PORT,
+            work,
+            image=hosts.host_image(),
+            containers=True,
+            network=hosts.Network(hub.NETWORK, HOST_IP),
+        )
+        try:
+            logs = work / "logs"
+            logs.mkdir()
+            yield Rig(
+                host=host,
+                served=served,
+                site=site,
+                wheels=wheels,
+                engine_archive=engine_image.engine_archive(pinned, key),
+                images_source="archive" if engine_image.engine_archive(pinned, key).is_file() else "build",
+                profiles=profiles,
+                vault=vault,
+                logs=logs,
+                ssh=canary.ssh_wrapper(logs),
+                recording=canary.install_argv_logger(host),
+            )
+        finally:
+            hosts.stop(HOST_NAME)
+
+
+def play(
+    rig: Rig, *, profiles: Path | None = None, images: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict | None]:
+    """One play (-vvv, kept for the canary search), and its own gate report from the host."""
+    run_id = new_run_id()
+    recording = dict(item.split("=", 1) for item in rig.recording.split())
+    argv = deploy.playbook_argv(
+        rig.host,
+        rig.logs.parent / "hosts.ini",
+        wheels=rig.wheels,
+        archive=None,
+        run_id=run_id,
+        profile=PROFILE,
+        profiles=profiles or rig.profiles,
+        extra_vars={
+            "weights_source": "hub",
+            "weights_hf_endpoint": rig.served.endpoint_in_network,
+            # the site registry's CA: the base the host build starts from comes from there by its digest
+            "images_registry": rig.site.address,
+            "images_registry_ca_src": str(rig.site.ca),
+            **(images or {"images_source": rig.images_source, "images_archive_src": str(rig.engine_archive)}),
+            "ansible_ssh_executable": str(rig.ssh),
+        },
+        vault=rig.vault,
+        host_vars=recording,
+    )
+    run = deploy.run_playbook([*argv, "-vvv"], capture=True)
+    rig.plays += 1
+    (rig.logs / f"play-{rig.plays}-vvv.log").write_text(run.stdout + run.stderr)
+    return run, deploy.gate_report(rig.host, run_id)
