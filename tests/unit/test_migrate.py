@@ -270,3 +270,18 @@ def test_every_step_in_the_code_has_its_row_in_docs_migration_md() -> None:
     for command in migrate_app.registered_commands:
         assert f"migrate {command.name}" in text, command.name
     assert set(record.REQUIRES) == set(record.STEPS)
+
+
+def test_a_file_that_cannot_be_written_on_new_stops_the_seed_with_the_files_done_kept(tmp_path: Path) -> None:
+    """A path on NEW taken by a directory (as a full disk or a permission would stop it): a clear
+    error naming the file and how many are in place; the re-run, once it is fixed, copies only the rest."""
+    old, new, items = _hosts(tmp_path)
+    blocked = new._p(items[1].path + seed.PART)
+    blocked.mkdir(parents=True)
+    with pytest.raises(SpecdeployError) as caught:
+        seed.seed(old, new, items)
+    assert items[1].path in caught.value.message and "1 of 2 files are in place" in caught.value.message
+    assert new.sha256(items[0].path) == items[0].sha256
+    blocked.rmdir()
+    again = seed.seed(old, new, items)
+    assert [f["action"] for f in again.files] == ["already verified", "copied"]

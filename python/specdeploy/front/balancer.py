@@ -186,6 +186,7 @@ class HookBalancer:
                     status=str(item.get("status", item["state"])),
                     sessions=sessions,
                     weight=0,
+                    served_total=0,  # a site's balancer's hook reports no total
                     check="",
                 )
             )

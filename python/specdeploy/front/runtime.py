@@ -73,6 +73,7 @@ class ServerStatus:
     status: str  # show stat's status: UP, DOWN, DRAIN, MAINT, "UP 1/3", no check, ...
     sessions: int  # requests in flight (scur)
     weight: int
+    served_total: int  # requests it has taken since HAProxy started (stot): 0 for a host no traffic reached
     check: str  # the last health check's status (L7OK, L4CON, ...) and its description
 
     def to_json(self) -> dict[str, Any]:
@@ -269,6 +270,7 @@ class RuntimeApi:
                     status=row.get("status", ""),
                     sessions=int(row.get("scur") or 0),
                     weight=int(row.get("weight") or 0),
+                    served_total=int(row.get("stot") or 0),
                     check=check,
                 )
             )

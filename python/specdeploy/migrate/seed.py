@@ -223,29 +223,41 @@ def seed(
     """Copy what NEW lacks, verify every file against the lock on NEW, rename into place."""
     result = SeedResult()
     for item in items:
-        if new.sha256(item.path) == item.sha256:
-            result.files.append({"path": item.path, "action": "already verified", "bytes_copied": 0})
-            continue
-        new.makedirs(posixpath.dirname(item.path))
-        resumed = new.size(item.path + PART) or 0
-        copied = _copy(old, new, item, progress)
-        found = new.sha256(item.path + PART)
-        if found != item.sha256 and resumed:  # the part was no prefix of OLD's file: once more from byte 0
-            with new.appender(item.path + PART) as f:
-                f.truncate(0)
-            copied += _copy(old, new, item, progress)
-            found = new.sha256(item.path + PART)
-        if found != item.sha256:
+        try:
+            _one(old, new, item, result, progress)
+        except OSError as exc:  # SFTP and local I/O: a disk full, a permission, a path taken by a directory
             raise SeedError(
-                f"{item.path}: copied from {old.name}, its sha256 on {new.name} is {found}, the lock says "
-                f"{item.sha256}: OLD's file differs from the lock; it was not put in place",
-                hint=f"OLD's weights are damaged: verify them on {old.name} (`specdeploy weights verify`) before "
-                "anything else; traffic stays on OLD. Seeding from a site mirror is the other way (docs/migration.md)",
-            )
-        new.rename(item.path + PART, item.path)
-        action = f"resumed at byte {resumed}" if resumed else "copied"
-        result.files.append({"path": item.path, "action": action, "bytes_copied": copied})
+                f"{item.path}: copying from {old.name} to {new.name} failed: {exc.strerror or exc}; "
+                f"{len(result.files)} of {len(items)} files are in place and verified",
+                hint="fix what the error names on the host, then run `migrate prepare` again: verified files "
+                "are not copied again and a partial file resumes",
+            ) from None
     return result
+
+
+def _one(old: Side, new: Side, item: SeedFile, result: SeedResult, progress: Callable[[int], None]) -> None:
+    if new.sha256(item.path) == item.sha256:
+        result.files.append({"path": item.path, "action": "already verified", "bytes_copied": 0})
+        return
+    new.makedirs(posixpath.dirname(item.path))
+    resumed = new.size(item.path + PART) or 0
+    copied = _copy(old, new, item, progress)
+    found = new.sha256(item.path + PART)
+    if found != item.sha256 and resumed:  # the part was no prefix of OLD's file: once more from byte 0
+        with new.appender(item.path + PART) as f:
+            f.truncate(0)
+        copied += _copy(old, new, item, progress)
+        found = new.sha256(item.path + PART)
+    if found != item.sha256:
+        raise SeedError(
+            f"{item.path}: copied from {old.name}, its sha256 on {new.name} is {found}, the lock says "
+            f"{item.sha256}: OLD's file differs from the lock; it was not put in place",
+            hint=f"OLD's weights are damaged: verify them on {old.name} (`specdeploy weights verify`) before "
+            "anything else; traffic stays on OLD. Seeding from a site mirror is the other way (docs/migration.md)",
+        )
+    new.rename(item.path + PART, item.path)
+    action = f"resumed at byte {resumed}" if resumed else "copied"
+    result.files.append({"path": item.path, "action": action, "bytes_copied": copied})
 
 
 def iter_sizes(side: Side, items: list[SeedFile]) -> Iterator[int]:
