@@ -257,14 +257,22 @@ def prepare(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     run(m, m.new, ["mkdir", "-p", "--", new_layout.golden.as_posix()], what="NEW's golden directory")
     with m.conn(m.new).sftp().open(f"{new_layout.golden.as_posix()}/{key}.json", "w") as f:
         f.write(golden_text.stdout)
-    code = _deploy(m, m.new, profile, profile_path.parent, {"weights_source": "present", "front_enable": "false"})
+    run_id = time.strftime("%Y%m%dT%H%M%S000000Z", time.gmtime())
+    extra = {"weights_source": "present", "front_enable": "false", "specdeploy_run_id": run_id}
+    code = _deploy(m, m.new, profile, profile_path.parent, extra)
+    report = read_json_file(m, m.new, f"{new_layout.runs.as_posix()}/{run_id}/gate.json", what="NEW's gate report")
     if code != 0:
+        gate = (
+            f"its gate: {report.get('verdict')}: {report.get('message')}"
+            if report
+            else "the play stopped before the gate"
+        )
         raise StepError(
-            f"deploy.yml on {m.new.name} exited {code}: NEW is not prepared (it takes no traffic)",
+            f"deploy.yml on {m.new.name} exited {code} ({gate}): NEW is not prepared (it takes no traffic)",
             hint=f"read the play's log in {m.workdir}, fix what it names, and run `migrate prepare` again "
             "(verified files are not copied again)",
         )
-    return {"seed": seeded.to_json(), "golden": key, "deploy": "passed"}
+    return {"seed": seeded.to_json(), "golden": key, "deploy": "passed", "gate_run": run_id}
 
 
 def verify(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
