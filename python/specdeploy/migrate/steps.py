@@ -33,6 +33,7 @@ from typing import Any
 
 from specdeploy.core import atomic, layout
 from specdeploy.core.errors import SpecdeployError
+from specdeploy.gate.run import new_run_id
 from specdeploy.migrate import compare, record, seed
 from specdeploy.migrate.hosts import HostAccess, connect, host_vars
 from specdeploy.profile import Profile, load_profile
@@ -257,7 +258,7 @@ def prepare(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     run(m, m.new, ["mkdir", "-p", "--", new_layout.golden.as_posix()], what="NEW's golden directory")
     with m.conn(m.new).sftp().open(f"{new_layout.golden.as_posix()}/{key}.json", "w") as f:
         f.write(golden_text.stdout)
-    run_id = time.strftime("%Y%m%dT%H%M%S000000Z", time.gmtime())
+    run_id = new_run_id()
     extra = {"weights_source": "present", "front_enable": "false", "specdeploy_run_id": run_id}
     code = _deploy(m, m.new, profile, profile_path.parent, extra)
     report = read_json_file(m, m.new, f"{new_layout.runs.as_posix()}/{run_id}/gate.json", what="NEW's gate report")
@@ -279,7 +280,7 @@ def verify(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     planned = rec.steps["plan"].details
     profile = load_profile(m.workdir / "profiles" / f"{planned['profile']}.yaml")
     new_layout = m.layout(m.new)
-    run_id = time.strftime("%Y%m%dT%H%M%S000000Z", time.gmtime())
+    run_id = new_run_id()
     installed = posixpath.join(layout.InstallLayout().to_json()["profiles"], f"{profile.name}.yaml")
     m.progress(f"gating {m.new.name}")
     run(
