@@ -382,6 +382,10 @@ def finish(m: Migration, rec: record.MigrationRecord, *, stop_old: bool) -> dict
             "kept",
             hint="`migrate rollback` moves traffic back to OLD; fix NEW, then finish again",
         )
+    if m.front is not None and front_servers(m).get(m.old.name, {}).get("state") != "maint":
+        # a fleet deploy since cutover put OLD back in: never stop an engine the front still sends to
+        front_command(m, "drain", m.old.name, "--wait", "--timeout", str(profile.migration.drain_timeout_s))
+        front_command(m, "disable", m.old.name)
     playbook_dir = m.playbook_dir or Path(__file__).resolve().parents[3] / "ansible"
     argv = ["ansible-playbook", "decommission.yml", "-i", str(m.inventory), "-l", m.old.name]
     if m.vault_password_file is not None:

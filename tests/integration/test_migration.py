@@ -1,0 +1,313 @@
+"""The host migration runbook end to end (`specdeploy migrate`, docs/migration.md), on disposable
+test hosts over real SSH, with real engines and a real balancer:
+
+- OLD: the container rehearsal's trixie host (tests/support/container_rig.py), as
+  test_container_rehearsal.py leaves it — cpu-rehearsal-container under quadlet, its image pulled
+  by digest from the site registry, weights from the gated hub, an API key;
+- NEW: a second trixie host of the same image, on the same test network, empty;
+- FRONT: a bookworm host with Debian's HAProxy (`deploy.yml` installs the front there: TLS with a
+  site certificate, the /v1 allow-list, the runtime socket), its port 8443 published on the
+  controller's loopback, where the load client stands.
+
+One chain, each test starting from what the previous left:
+1. the front is deployed and OLD re-deployed through it (now publishing on its internal address),
+   behind it; NEW is in the front in maint;
+2. `migrate plan` reads OLD's verified gate, golden, profile and identity;
+3. `migrate prepare` is interrupted (a seeded file's path on NEW taken by a directory, as a full
+   disk would stop it), then resumed: the files already verified are not copied again;
+4. NEW made to serve another engine version — its image rebuilt on NEW with vLLM's version
+   string changed to 0.31.0, so its `/version` really differs — stops at `migrate verify` with a
+   report naming both versions, and the front never sent NEW a request;
+5. NEW fixed by `migrate prepare` again (the deploy puts back the image by digest), `migrate
+   verify` passes;
+6. `migrate cutover` under load through the front (bounded streaming requests, at least 2 in
+   flight, each longer than the drain): failed = 0, OLD had requests in flight when drained;
+7. `migrate rollback` under load: failed = 0; then `migrate cutover` again;
+8. a rolling deploy of both hosts (`serial: 1`, a change that restarts each engine) through the
+   front under the same load: failed = 0;
+9. `migrate finish --stop-old` after the soak: OLD's engine stopped by decommission.yml, its
+   weights and state kept.
+Traffic stays on the test hosts' own network and the controller's loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from tests.support import front as front_support
+from tests.support.container_rig import API_KEY, PROFILE, Rig
+
+from specdeploy.core import layout
+from specdeploy.migrate import load
+from specdeploy.profile import load_profile
+from specdeploy.rehearsal import deploy, hosts, hub, variants
+
+pytestmark = [pytest.mark.testhost, pytest.mark.vllm, pytest.mark.podman, pytest.mark.hub]
+OLD_IP = "10.89.64.30"  # the container rig's host (tests/support/container_rig.py)
+NEW_NAME, NEW_SSH, NEW_IP = "specdeploy-container-new", 2341, "10.89.64.31"
+FRONT_NAME, FRONT_SSH, FRONT_IP = "specdeploy-front", 2342, "10.89.64.32"
+CLI = layout.InstallLayout().to_json()["cli"]
+BIN = Path(sys.executable).parent
+LOAD_REQUESTS = 16
+
+
+@dataclass
+class Site:
+    rig: Rig
+    new: hosts.Host
+    front: hosts.Host
+    inventory: Path
+    pem: Path
+    work: Path
+
+    @property
+    def old(self) -> hosts.Host:
+        return self.rig.host
+
+    def deploy_args(self) -> list[str]:
+        """The site's own `-e` for deploy.yml, as its deploys pass them (the container rehearsal's)."""
+        values = {
+            "specdeploy_wheelhouse_src": str(self.rig.wheels),
+            "weights_hf_endpoint": self.rig.served.endpoint_in_network,
+            "images_registry": self.rig.site.address,
+            "images_registry_ca_src": str(self.rig.site.ca),
+            "images_source": "pull",
+        }
+        return [a for k, v in values.items() for a in ("-e", f"{k}={v}")]
+
+    def play(self, limit: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        argv = [
+            str(BIN / "ansible-playbook"), "deploy.yml", "-i", str(self.inventory), "-l", limit,
+            "--vault-password-file", str(self.rig.vault.password_file),
+            "-e", f"specdeploy_profile={PROFILE}", "-e", f"specdeploy_profiles_src={self.rig.profiles}",
+            *self.deploy_args(), *extra,
+        ]  # fmt: skip
+        run = deploy.run_playbook(argv, capture=True)
+        (self.work / f"play-{limit}-{int(time.time())}.log").write_text(run.stdout + run.stderr)
+        return run
+
+    def migrate(self, step: str, *extra: str) -> tuple[int, dict]:
+        """`specdeploy migrate STEP` from the controller, as a person runs it; (exit code, its JSON)."""
+        argv = [
+            str(BIN / "specdeploy"), "migrate", step, "--from", self.old.name, "--to", self.new.name,
+            "-i", str(self.inventory), "--front", self.front.name, "--json",
+            "--vault-password-file", str(self.rig.vault.password_file), *extra,
+        ]  # fmt: skip
+        if step == "prepare":
+            argv += ["--", *self.deploy_args()]
+        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+        (self.work / f"migrate-{step}-{int(time.time())}.log").write_text(done.stdout + done.stderr)
+        try:
+            data = json.loads(done.stdout) if done.stdout.strip() else {}
+        except json.JSONDecodeError:
+            data = {"stdout": done.stdout}
+        data["stderr"] = done.stderr
+        return done.returncode, data
+
+    def front_status(self) -> dict[str, dict]:
+        shown = self.front.ssh(f"{CLI} front status --json")
+        return {s["name"]: s for s in json.loads(shown.stdout)["servers"]}
+
+    def load(self, total: int = LOAD_REQUESTS) -> load.Load:
+        profile = load_profile(PROFILE)
+        return load.Load(
+            load.LoadSpec(
+                url=f"https://127.0.0.1:{profile.front.listen_port}",
+                api_key=API_KEY,
+                model=profile.engine.serve.served_model_name or profile.target.repo,
+                total=total,
+                in_flight=2,
+                max_tokens=300,
+                timeout_s=300,
+                ca_file=str(self.pem),
+            )  # fmt: skip
+        )
+
+    def record(self) -> dict:
+        return json.loads((self.inventory.parent / "migrations" / f"{self.old.name}--{self.new.name}.json").read_text())
+
+
+def _line(host: hosts.Host, *variables: str) -> str:
+    return " ".join([host.inventory_line(), *variables])
+
+
+@pytest.fixture(scope="module")
+def site(container_rig: Rig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    work = tmp_path_factory.mktemp("migration")
+    network = hub.NETWORK
+    new = hosts.start(NEW_NAME, NEW_SSH, work, image=hosts.host_image(), containers=True,
+                      network=hosts.Network(network, NEW_IP))  # fmt: skip
+    try:
+        port = load_profile(PROFILE).front.listen_port
+        front = hosts.start(FRONT_NAME, FRONT_SSH, work, ports=(port,), image=hosts.front_host_image(),
+                            network=hosts.Network(network, FRONT_IP))  # fmt: skip
+        try:
+            pem = front_support.make_certificate(work)
+            # the site directory the container rehearsal's plays used: its lock (the image's digest) and vault
+            inventory = container_rig.logs.parent / "site.ini"
+            inventory.write_text(
+                "[rehearsal]\n"
+                f"{_line(container_rig.host, f'specdeploy_publish_host={OLD_IP}', f'specdeploy_internal_address={OLD_IP}')}\n"
+                f"{_line(new, f'specdeploy_publish_host={NEW_IP}', f'specdeploy_internal_address={NEW_IP}', 'front_server_state=maint')}\n"
+                "[specdeploy_engines:children]\nrehearsal\n"
+                f"[specdeploy_front]\n{_line(front)}\n"
+                f"[specdeploy_front:vars]\nfront_profile={PROFILE}\nfront_cert_src={pem}\nfront_install_haproxy=false\n"
+            )  # fmt: skip
+            yield Site(container_rig, new, front, inventory, pem, work)
+        finally:
+            hosts.stop(FRONT_NAME)
+    finally:
+        hosts.stop(NEW_NAME)
+        container_rig.host.ssh(f"systemctl stop {layout.UNIT_NAME}", check=False)
+
+
+def test_the_front_is_deployed_and_old_serves_through_it_with_new_kept_out(site: Site) -> None:
+    front = site.play(FRONT_NAME)
+    assert front.returncode == 0, front.stdout[-5000:]
+    old = site.play(site.old.name)  # OLD now publishes on its internal address, drained and put back
+    assert old.returncode == 0, old.stdout[-5000:]
+    servers = site.front_status()
+    assert servers[site.old.name]["state"] == "ready" and servers[site.new.name]["state"] == "maint"
+    with site.load(total=4) as running:
+        result = running.finish(300)
+    assert result.failed == 0 and result.ok == 4, result.to_json()
+
+
+def test_plan_reads_old_s_verified_gate_golden_and_identity(site: Site) -> None:
+    code, out = site.migrate("plan")
+    assert code == 0, out
+    details = out["details"]
+    assert details["profile"] == PROFILE and details["files"] >= 4 and details["bytes_to_copy"] > 0
+    assert set(details["revisions"]) == {"target", "drafter"} and details["expected_downtime"].startswith("none")
+
+
+def test_an_interrupted_prepare_resumes_without_copying_verified_files_again(site: Site) -> None:
+    plan = site.record()["steps"]["plan"]["details"]
+    # the path of the drafter's config.json's partial copy on NEW, taken by a directory
+    drafter_rev = plan["revisions"]["drafter"]
+    drafter = load_profile(PROFILE).drafter
+    assert drafter is not None
+    blocked = f"{plan['models_new']}/{drafter.repo}/{drafter_rev}/config.json.seed-part"
+    site.new.ssh(f"mkdir -p {blocked}")
+    code, out = site.migrate("prepare")
+    assert code == 1 and "config.json" in out["stderr"] and "are in place and verified" in out["stderr"], out
+    first = site.record()["steps"]["prepare"]
+    assert first["status"] == "failed"
+    site.new.ssh(f"rmdir {blocked}")
+    code, out = site.migrate("prepare")
+    assert code == 0, out
+    seeded = out["details"]["seed"]
+    assert seeded["already_verified"] >= 1 and seeded["copied"] >= 1, seeded
+    assert all(f["action"] != "copied" for f in seeded["files"] if "tiny-qwen3/" in f["path"]), seeded
+    assert site.front_status()[site.new.name]["state"] == "maint"
+
+
+def test_new_serving_another_engine_version_stops_at_verify_and_gets_no_traffic(site: Site) -> None:
+    """NEW's engine image rebuilt on NEW from the one it runs, with vLLM's version string changed to
+    0.31.0 (vllm/_version.py): its `/version` really says 0.31.0. The quadlet is pointed at it and the
+    engine restarted, as a hand-patched host would be."""
+    unit = layout.UNIT_FILES["container"]
+    image = next(
+        line.split("=", 1)[1] for line in site.new.ssh(f"cat {unit}").stdout.splitlines() if line.startswith("Image=")
+    )
+    patch = (
+        "import importlib.util as u, pathlib; p = pathlib.Path(u.find_spec('vllm').origin).parent / '_version.py'; "
+        "p.write_text(p.read_text().replace(\"'0.32.0'\", \"'0.31.0'\").replace('(0, 32, 0)', '(0, 31, 0)'))"
+    )
+    containerfile = f'FROM {image}\nUSER 0\nRUN python3 -c "{patch}"\n'
+    built = subprocess.run(
+        ["podman", "exec", "-i", NEW_NAME, "podman", "build", "-t", "localhost/specdeploy-test/vllm-other:0.31", "-f", "-", "/tmp"],
+        input=containerfile, capture_output=True, text=True,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    site.new.ssh(
+        f"sed -i 's|^Image=.*|Image=localhost/specdeploy-test/vllm-other:0.31|' {unit} && systemctl daemon-reload "
+        f"&& systemctl restart {layout.UNIT_NAME}"
+    )
+    code, out = site.migrate("verify")
+    assert code == 1, out
+    assert "served engine and version: OLD vllm 0.32.0, NEW vllm 0.31.0" in out["stderr"], out["stderr"][-3000:]
+    assert "traffic stays on OLD" in out["stderr"]
+    assert site.record()["traffic_on"] == "old" and site.front_status()[site.new.name]["served_total"] == 0
+    code, out = site.migrate("cutover")
+    assert code == 2 and "migrate verify" in out["stderr"]  # never before verify passed
+
+
+def test_new_fixed_by_prepare_again_passes_verify(site: Site) -> None:
+    code, out = site.migrate("prepare")
+    assert code == 0, out
+    assert out["details"]["seed"]["copied"] == 0  # every file already verified
+    code, out = site.migrate("verify")
+    assert code == 0, out
+    lines = {line["what"]: line for line in out["details"]["comparison"]["lines"]}
+    assert lines["golden transcript"]["same"] is True and lines["identity: image_id"]["same"] is True
+
+
+def _under_load(site: Site, step: str) -> tuple[int, dict, load.LoadResult]:
+    with site.load() as running:
+        assert running.wait_sent(3, 120)
+        code, out = site.migrate(step)
+        result = running.finish(900)
+    return code, out, result
+
+
+def test_cutover_and_rollback_under_load_fail_no_request(site: Site) -> None:
+    for step, serving, out_of in (
+        ("cutover", NEW_NAME, None),
+        ("rollback", None, NEW_NAME),
+        ("cutover", NEW_NAME, None),
+    ):
+        code, out, result = _under_load(site, step)
+        assert code == 0, out
+        assert result.failed == 0 and result.sent == LOAD_REQUESTS, result.to_json()
+        assert (result.min_in_flight_while_running or 0) >= 2
+        drain = next(s for s in out["details"]["steps"] if s["step"] == "drain")
+        assert drain["in_flight_before"] >= 1, out["details"]  # the drained host had requests in flight
+        assert out["details"]["failed_requests_at_front"] == 0
+        servers = site.front_status()
+        expected_in = serving or site.old.name
+        assert servers[expected_in]["state"] == "ready", servers
+    assert site.record()["traffic_on"] == "new"
+
+
+def test_a_rolling_deploy_of_both_hosts_through_the_front_fails_no_request(site: Site, tmp_path: Path) -> None:
+    """An upgrade of both hosts (an engine environment variable added: each engine restarts), one at
+    a time: each is drained from the front before its engine is replaced and put back after its gate."""
+    pinned = load_profile(site.rig.profiles / f"{PROFILE}.yaml")
+    changed = variants.derive(pinned, PROFILE, {"engine": {"env": {"VLLM_LOGGING_LEVEL": "INFO"}}})
+    profiles = variants.materialize(changed, tmp_path / "profiles").parent
+    with site.load(total=LOAD_REQUESTS * 3) as running:
+        assert running.wait_sent(3, 120)
+        run = site.play(f"{site.old.name},{site.new.name}", "-e", f"specdeploy_profiles_src={profiles}")
+        result = running.finish(900)
+    assert run.returncode == 0, run.stdout[-5000:]
+    assert result.failed == 0, result.to_json()
+
+
+def test_finish_stops_old_after_the_soak_and_keeps_its_weights_and_state(site: Site) -> None:
+    code, out = site.migrate("finish")
+    assert code == 1 and "--stop-old" in out["stderr"]
+    soak = load_profile(PROFILE).migration.soak_s
+    time.sleep(max(0, soak - (time.time() - site.record()["steps"]["cutover"]["details"]["finished_unix"])))
+    code, out = site.migrate("finish", "--stop-old")
+    assert code == 0, out
+    assert site.old.ssh(f"systemctl is-active {layout.UNIT_NAME}", check=False).stdout.strip() != "active"
+    assert (
+        site.old.ssh(
+            f"test -d {layout.HostLayout().models} && test -e {layout.HostLayout().verified}", check=False
+        ).returncode
+        == 0
+    )
+    assert site.front_status()[site.old.name]["state"] == "maint"
+    with site.load(total=4) as running:
+        result = running.finish(300)
+    assert result.failed == 0 and result.ok == 4
