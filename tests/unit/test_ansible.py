@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.playbooks import engine_play
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible" / "ansible.cfg")}
@@ -33,9 +35,7 @@ STAGES = ["preflight", "gpu_runtime", "images", "weights", "drafter_config", "en
 
 def _play_stages() -> list[tuple[str, list[str]]]:
     """(role, tags) of each stage in the play's order: the CLI role, then the block's imports."""
-    import yaml
-
-    play = yaml.safe_load((ROOT / "ansible" / "deploy.yml").read_text())[0]
+    play = engine_play()
     assert play["serial"] == 1 and play["any_errors_fatal"] is True
     tasks = play["tasks"]
     stages = [(tasks[0]["ansible.builtin.import_role"]["name"], tasks[0]["tags"])]
@@ -110,7 +110,7 @@ def _tasks() -> list[tuple[str, dict]]:
             found.append((role, task))
             walk(role, task.get("block", []))
 
-    for path in sorted((ROOT / "ansible" / "roles").glob("*/tasks/main.yml")):
+    for path in sorted((ROOT / "ansible" / "roles").glob("*/tasks/*.yml")):
         walk(path.parts[-3], yaml.safe_load(path.read_text()))
     return found
 
@@ -130,7 +130,7 @@ def test_exactly_one_task_reads_the_profile_and_every_role_uses_its_facts() -> N
     assert readers == [("specdeploy", "Read the deployment facts (profile values, host paths, engine unit)")]
     reader = next(task for _, task in _tasks() if task.get("name") == readers[0][1])
     assert reader["delegate_to"] == "localhost" and "always" in reader["tags"]
-    roles_text = "".join(p.read_text() for p in (ROOT / "ansible" / "roles").glob("*/tasks/main.yml"))
+    roles_text = "".join(p.read_text() for p in (ROOT / "ansible" / "roles").glob("*/tasks/*.yml"))
     assert "from_json).engine" not in roles_text and "profile show" not in roles_text
 
 
@@ -293,8 +293,6 @@ def test_skipping_the_gate_is_refused_before_anything_runs(tmp_path: Path) -> No
 def test_the_refusal_and_the_gate_name_the_same_stages() -> None:
     """Tags cannot be templated, so the gate's import lists its tags and the play's variable
     lists them again for the refusal: the two lists must stay one."""
-    import yaml
-
-    play = yaml.safe_load((ROOT / "ansible" / "deploy.yml").read_text())[0]
+    play = engine_play()
     gate_tags = dict(_play_stages())["smoke_gate"]
     assert sorted(play["vars"]["specdeploy_gate_tags"]) == sorted(gate_tags)

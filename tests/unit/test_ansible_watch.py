@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
+from tests.support.playbooks import engine_play
 
 from specdeploy.core import layout
 from specdeploy.profile import load_profile, resolve_profile_path
@@ -84,8 +84,10 @@ def test_the_watch_role_stops_the_deploy_on_a_hook_that_cannot_run(tmp_path: Pat
 def test_the_watch_stage_comes_after_the_gate_and_the_lock_merge() -> None:
     """A stack is watched only once its gate passed (a failed gate fails the host in the block's
     rescue), and the light gate's settings never keep the site's lock from being merged."""
-    tasks = yaml.safe_load((ROOT / "ansible" / "deploy.yml").read_text())[0]["tasks"]
+    tasks = engine_play()["tasks"]
     names = [t.get("ansible.builtin.import_role", {}).get("name") or ("block" if "block" in t else None) for t in tasks]
-    lock_back = next(i for i, t in enumerate(tasks) if t.get("ansible.builtin.import_role", {}).get("tasks_from"))
+    lock_back = next(
+        i for i, t in enumerate(tasks) if t.get("ansible.builtin.import_role", {}).get("tasks_from") == "lock_back.yml"
+    )
     assert names.index("watch") > lock_back > names.index("block")
     assert tasks[names.index("watch")]["tags"] == ["watch"]

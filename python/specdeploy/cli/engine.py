@@ -197,6 +197,31 @@ def engine_api_key(
     output.emit(data, True, lambda: None)
 
 
+@engine_app.command("remove")
+def engine_remove(
+    profile: base.ProfileOpt,
+    state_dir: base.StateDirOpt = None,
+    unit_file: Annotated[
+        Path | None, typer.Option("--unit-file", help="the engine unit whose Image= references go too (if it is there)")
+    ] = None,
+    podman: base.PodmanOpt = "podman",
+    check: base.CheckOpt = False,
+) -> None:
+    """Decommission: remove the engine's API key (<state>/secrets/<name> and, for a container engine, the
+    podman secret) and its images (every local image of the profile's engine repository, and those the
+    unit names). Run after the engine's unit was stopped; weights, state and units are left to the caller
+    (ansible/decommission.yml). Prints JSON {"changed", "secret_file", "podman_secret", "images", "problems"};
+    exit 1 when something stays (an image still in use, a podman that fails)."""
+    from specdeploy.engine import remove
+
+    done = remove.remove(
+        load_profile(profile), base.host_layout(state_dir=state_dir), unit_file=unit_file, podman=podman, check=check
+    )
+    output.emit(done.to_json(), True, lambda: None)
+    if done.problems:
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(unit_app, name="unit")
     app.add_typer(engine_app, name="engine")

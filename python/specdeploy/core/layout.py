@@ -88,6 +88,9 @@ WATCH_UNIT_FILES = {
 # prometheus-node-exporter defaults to this one (docs/sources.md#watch).
 DEFAULT_TEXTFILE = Path("/var/lib/prometheus/node-exporter") / "specdeploy.prom"
 
+# The site's front door (docs/front.md): Debian's haproxy reads its configuration here.
+HAPROXY_CONFIG = Path("/etc/haproxy/haproxy.cfg")
+
 DRAFTER_SERVING = "drafter"  # under <serving>
 TARGET_SERVING = "target"
 DRAFTER_BUILDS = "drafter-builds"  # beside the drafter's serving link: one directory per written version

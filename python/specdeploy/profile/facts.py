@@ -99,11 +99,24 @@ def deploy_facts(
             "service": layout.WATCH_UNIT_FILES["service"].name,
             "timer": layout.WATCH_UNIT_FILES["timer"].name,
             "alert_rules": str(install.monitoring / "alerts.yml"),
+            # both units' files, for a decommission to stop and remove: the timer first (stopped first,
+            # it cannot start the service again)
+            "files": [str(layout.WATCH_UNIT_FILES["timer"]), str(layout.WATCH_UNIT_FILES["service"])],
+        },
+        # the site's front door (docs/front.md): the profile's front: settings the front role installs
+        # HAProxy with, and what deploy.yml's drain of a host waits for (migration.drain_timeout_s)
+        "front": {
+            "cert": profile.front.cert_path,
+            "socket": profile.front.runtime_socket,
+            "config": str(layout.HAPROXY_CONFIG),
+            "drain_timeout_s": profile.migration.drain_timeout_s,
         },
         "unit": {
             "name": layout.UNIT_NAME,
             "file": str(layout.UNIT_FILES[profile.engine.runtime]),
             "dir": str(layout.UNIT_FILES[profile.engine.runtime].parent),
+            # every runtime's unit file (a decommission removes whichever a host has)
+            "files": [str(path) for path in layout.UNIT_FILES.values()],
             "user": layout.ENGINE_USER,
             "uid": layout.ENGINE_UID,
             "user_home": str(layout.ENGINE_HOME),
