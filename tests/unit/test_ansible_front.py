@@ -168,7 +168,7 @@ def test_deploy_drains_a_host_before_anything_can_restart_its_engine_and_puts_it
         argv = task["ansible.builtin.command"]["argv"]
         assert argv[1:4] == ["front", verb, "{{ inventory_hostname }}"] and "--wait" in argv
         assert task["delegate_to"] == "{{ front_host | default(inventory_hostname, true) }}" and task["become"] is True
-        assert task["when"] == ["front_host | length > 0", "not ansible_check_mode"]
+        assert task["when"] == ["front_host | length > 0", "front_rotate | bool", "not ansible_check_mode"]
 
 
 def _around(tmp_path: Path, socket_path: str, tasks_from: str, *args: str, front: bool = True) -> str:

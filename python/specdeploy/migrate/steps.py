@@ -259,7 +259,7 @@ def prepare(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     with m.conn(m.new).sftp().open(f"{new_layout.golden.as_posix()}/{key}.json", "w") as f:
         f.write(golden_text.stdout)
     run_id = new_run_id()
-    extra = {"weights_source": "present", "front_enable": "false", "specdeploy_run_id": run_id}
+    extra = {"weights_source": "present", "front_rotate": "false", "specdeploy_run_id": run_id}
     code = _deploy(m, m.new, profile, profile_path.parent, extra)
     report = read_json_file(m, m.new, f"{new_layout.runs.as_posix()}/{run_id}/gate.json", what="NEW's gate report")
     if code != 0:
