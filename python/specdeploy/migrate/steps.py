@@ -382,12 +382,11 @@ def finish(m: Migration, rec: record.MigrationRecord, *, stop_old: bool) -> dict
             "kept",
             hint="`migrate rollback` moves traffic back to OLD; fix NEW, then finish again",
         )
-    if m.front is not None and front_servers(m).get(m.old.name, {}).get("state") != "maint":
-        # a fleet deploy since cutover put OLD back in: never stop an engine the front still sends to
-        front_command(m, "drain", m.old.name, "--wait", "--timeout", str(profile.migration.drain_timeout_s))
-        front_command(m, "disable", m.old.name)
+    # decommission.yml drains OLD from the front and takes it out first (a fleet deploy since cutover
+    # may have put it back in): an engine the front still sends to is never stopped
     playbook_dir = m.playbook_dir or Path(__file__).resolve().parents[3] / "ansible"
     argv = ["ansible-playbook", "decommission.yml", "-i", str(m.inventory), "-l", m.old.name]
+    argv += ["-e", f"specdeploy_profile={profile.name}", "-e", f"specdeploy_profiles_src={m.workdir / 'profiles'}"]
     if m.vault_password_file is not None:
         argv += ["--vault-password-file", str(m.vault_password_file)]
     log = m.workdir / f"decommission-{m.old.name}.log"
