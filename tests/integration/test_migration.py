@@ -32,8 +32,6 @@ Traffic stays on the test hosts' own network and the controller's loopback.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import time
@@ -42,18 +40,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests.support import front as front_support
+from tests.support import container_rig
 from tests.support.container_rig import API_KEY, PROFILE, Rig
 
 from specdeploy.core import layout
 from specdeploy.migrate import load
 from specdeploy.profile import load_profile
-from specdeploy.rehearsal import deploy, hosts, hub, variants
+from specdeploy.rehearsal import deploy, hosts, hub, migration, variants
 
 pytestmark = [pytest.mark.testhost, pytest.mark.vllm, pytest.mark.podman, pytest.mark.hub]
-OLD_IP = "10.89.64.30"  # the container rig's host (tests/support/container_rig.py)
-NEW_NAME, NEW_SSH, NEW_IP = "specdeploy-container-new", 2341, "10.89.64.31"
-FRONT_NAME, FRONT_SSH, FRONT_IP = "specdeploy-front", 2342, "10.89.64.32"
+OLD_IP = container_rig.HOST_IP
+NEW_NAME = migration.NEW_NAME
 CLI = layout.InstallLayout().to_json()["cli"]
 BIN = Path(sys.executable).parent
 LOAD_REQUESTS = 16
@@ -61,62 +58,25 @@ OTHER_IMAGE = "localhost/specdeploy-test/vllm-other:0.31"
 
 
 @dataclass
-class Site:
-    rig: Rig
-    new: hosts.Host
-    front: hosts.Host
-    inventory: Path
-    pem: Path
-    work: Path
-
-    @property
-    def old(self) -> hosts.Host:
-        return self.rig.host
-
-    def deploy_args(self) -> list[str]:
-        """The site's own `-e` for deploy.yml, as its deploys pass them (the container rehearsal's)."""
-        values = {
-            "specdeploy_wheelhouse_src": str(self.rig.wheels),
-            "weights_hf_endpoint": self.rig.served.endpoint_in_network,
-            "images_registry": self.rig.site.address,
-            "images_registry_ca_src": str(self.rig.site.ca),
-            "images_source": "pull",
-        }
-        return [a for k, v in values.items() for a in ("-e", f"{k}={v}")]
+class Site(migration.Move):
+    rig: Rig | None = None
+    pem: Path | None = None
 
     def play(self, limit: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        """deploy.yml as the site runs it: its inventory, vault and own arguments, the pinned profile."""
+        assert self.rig is not None
         argv = [
             str(BIN / "ansible-playbook"), "deploy.yml", "-i", str(self.inventory), "-l", limit,
-            "--vault-password-file", str(self.rig.vault.password_file),
+            "--vault-password-file", str(self.vault_password_file),
             "-e", f"specdeploy_profile={PROFILE}", "-e", f"specdeploy_profiles_src={self.rig.profiles}",
-            *self.deploy_args(), *extra,
+            *self.deploy_args, *extra,
         ]  # fmt: skip
         run = deploy.run_playbook(argv, capture=True)
-        (self.work / f"play-{limit}-{int(time.time())}.log").write_text(run.stdout + run.stderr)
+        (self.logs / f"play-{limit}-{int(time.time())}.log").write_text(run.stdout + run.stderr)
         return run
 
     def migrate(self, step: str, *extra: str) -> tuple[int, dict]:
-        """`specdeploy migrate STEP` from the controller, as a person runs it; (exit code, its JSON)."""
-        argv = [
-            str(BIN / "specdeploy"), "migrate", step, "--from", self.old.name, "--to", self.new.name,
-            "-i", str(self.inventory), "--front", self.front.name, "--json",
-            "--vault-password-file", str(self.rig.vault.password_file), *extra,
-        ]  # fmt: skip
-        if step == "prepare":
-            argv += ["--", *self.deploy_args()]
-        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
-        (self.work / f"migrate-{step}-{int(time.time())}.log").write_text(done.stdout + done.stderr)
-        try:
-            data = json.loads(done.stdout) if done.stdout.strip() else {}
-        except json.JSONDecodeError:
-            data = {"stdout": done.stdout}
-        data["stderr"] = done.stderr
-        return done.returncode, data
-
-    def front_status(self) -> dict[str, dict]:
-        shown = self.front.ssh(f"{CLI} front status --json")
-        return {s["name"]: s for s in json.loads(shown.stdout)["servers"]}
+        return self.step(step, *extra)
 
     def load(self, total: int = LOAD_REQUESTS) -> load.Load:
         profile = load_profile(PROFILE)
@@ -133,48 +93,34 @@ class Site:
             )  # fmt: skip
         )
 
-    def record(self) -> dict:
-        return json.loads((self.inventory.parent / "migrations" / f"{self.old.name}--{self.new.name}.json").read_text())
-
-
-def _line(host: hosts.Host, *variables: str) -> str:
-    return " ".join([host.inventory_line(), *variables])
-
 
 @pytest.fixture(scope="module")
 def site(container_rig: Rig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     work = tmp_path_factory.mktemp("migration")
-    network = hub.NETWORK
-    new = hosts.start(NEW_NAME, NEW_SSH, work, image=hosts.host_image(), containers=True,
-                      network=hosts.Network(network, NEW_IP))  # fmt: skip
+    new, front = migration.start_hosts(work, hub.NETWORK)
     try:
-        port = load_profile(PROFILE).front.listen_port
-        front = hosts.start(FRONT_NAME, FRONT_SSH, work, ports=(port,), image=hosts.front_host_image(),
-                            network=hosts.Network(network, FRONT_IP))  # fmt: skip
-        try:
-            pem = front_support.make_certificate(work)
-            # the site directory the container rehearsal's plays used: its lock (the image's digest) and vault
-            inventory = container_rig.logs.parent / "site.ini"
-            old_vars = (f"specdeploy_publish_host={OLD_IP}", f"specdeploy_internal_address={OLD_IP}")
-            new_vars = (f"specdeploy_publish_host={NEW_IP}", f"specdeploy_internal_address={NEW_IP}")
-            inventory.write_text(
-                "[rehearsal]\n"
-                f"{_line(container_rig.host, *old_vars)}\n"
-                f"{_line(new, *new_vars, 'front_server_state=maint')}\n"
-                "[specdeploy_engines:children]\nrehearsal\n"
-                f"[specdeploy_front]\n{_line(front)}\n"
-                f"[specdeploy_front:vars]\nfront_profile={PROFILE}\nfront_cert_src={pem}\nfront_install_haproxy=false\n"
-            )  # fmt: skip
-            yield Site(container_rig, new, front, inventory, pem, work)
-        finally:
-            hosts.stop(FRONT_NAME)
+        pem = migration.front_certificate(work, ("127.0.0.1", migration.FRONT_IP))
+        # the site directory of the container rehearsal's plays: its lock (the image's digest) and vault
+        inventory = migration.write_inventory(
+            container_rig.logs.parent, old=container_rig.host, old_ip=OLD_IP, new=new, front=front,
+            profile=PROFILE, cert=pem,
+        )  # fmt: skip
+        args = migration.site_deploy_args(
+            wheels=container_rig.wheels, registry=container_rig.site.address, ca=container_rig.site.ca,
+            hub_endpoint=container_rig.served.endpoint_in_network,
+        )  # fmt: skip
+        yield Site(
+            inventory, container_rig.host, new, front, container_rig.vault.password_file, args, work / "logs",
+            rig=container_rig, pem=pem,
+        )  # fmt: skip
     finally:
-        hosts.stop(NEW_NAME)
+        hosts.stop(migration.FRONT_NAME)
+        hosts.stop(migration.NEW_NAME)
         container_rig.host.ssh(f"systemctl stop {layout.UNIT_NAME}", check=False)
 
 
 def test_the_front_is_deployed_and_old_serves_through_it_with_new_kept_out(site: Site) -> None:
-    front = site.play(FRONT_NAME)
+    front = site.play(migration.FRONT_NAME)
     assert front.returncode == 0, front.stdout[-5000:]
     old = site.play(site.old.name)  # OLD now publishes on its internal address, drained and put back
     assert old.returncode == 0, old.stdout[-5000:]

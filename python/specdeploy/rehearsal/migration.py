@@ -1,0 +1,179 @@
+"""The migration rehearsal: `specdeploy migrate` run end to end on disposable test hosts (README
+"Move to a new host"; tests/integration/test_migration.py runs the same functions).
+
+Three hosts on the hub's test network, besides the hub and the site registry:
+
+| host | what | address |
+|---|---|---|
+| OLD | the container rehearsal host, deployed (the main job's, or the integration tests') | its own |
+| NEW | a second trixie host of the same image, running podman itself; empty at first | NEW_IP |
+| FRONT | a bookworm host with Debian's HAProxy: the site's front door (deploy.yml's front play) | FRONT_IP |
+
+The front's port (the profile's `front.listen_port`) is published on the controller's loopback,
+where a load client stands; its certificate is a site certificate made here (self-signed, for
+127.0.0.1 and the front's address), which the client trusts. The inventory (`site.ini`) sits in the
+site directory beside the site's lock and vault, as a site keeps them; NEW is rendered into the
+front in maint (`front_server_state`), so no request reaches it before `migrate cutover`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdeploy.core import atomic
+from specdeploy.rehearsal import hosts
+
+NEW_NAME, NEW_SSH, NEW_IP = "specdeploy-container-new", 2341, "10.89.64.31"
+FRONT_NAME, FRONT_SSH, FRONT_IP = "specdeploy-front", 2342, "10.89.64.32"
+INVENTORY = "site.ini"
+
+
+def front_certificate(directory: Path, addresses: tuple[str, ...]) -> Path:
+    """The site's certificate for the front: one PEM file holding the certificate and its key, as
+    HAProxy's `crt` reads it (0600); self-signed, so the load client trusts the file itself."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    pem = directory / "front-site.pem"
+    if pem.is_file():
+        return pem
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "specdeploy rehearsal front")])
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=3650))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(a)) for a in addresses]), critical=False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    encoding = serialization.Encoding.PEM
+    data = certificate.public_bytes(encoding) + key.private_bytes(
+        encoding, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    atomic.ensure_dir(directory)
+    atomic.write_bytes(pem, data, mode=0o600)
+    return pem
+
+
+def write_inventory(
+    directory: Path,
+    *,
+    old: hosts.Host,
+    old_ip: str,
+    new: hosts.Host,
+    front: hosts.Host,
+    profile: str,
+    cert: Path,
+    old_vars: tuple[str, ...] = (),
+) -> Path:
+    """The site's inventory of the three hosts: both engine hosts publishing on their internal
+    address (the front reaches them there), NEW rendered in maint, the front's settings."""
+
+    def line(host: hosts.Host, ip: str | None, *variables: str) -> str:
+        address = (f"specdeploy_publish_host={ip}", f"specdeploy_internal_address={ip}") if ip else ()
+        return " ".join([host.inventory_line(), *address, *variables])
+
+    inventory = directory / INVENTORY
+    inventory.write_text(
+        "[rehearsal]\n"
+        f"{line(old, old_ip, *old_vars)}\n"
+        f"{line(new, NEW_IP, 'front_server_state=maint')}\n"
+        "[specdeploy_engines:children]\nrehearsal\n"
+        f"[specdeploy_front]\n{line(front, None)}\n"
+        f"[specdeploy_front:vars]\nfront_profile={profile}\nfront_cert_src={cert}\nfront_install_haproxy=false\n"
+    )
+    return inventory
+
+
+def start_hosts(directory: Path, network: str) -> tuple[hosts.Host, hosts.Host]:
+    """NEW and FRONT, reused when they run from the current images, booted otherwise."""
+    from specdeploy.profile import load_profile
+    from specdeploy.rehearsal.deploy import PROFILE
+
+    port = load_profile(PROFILE).front.listen_port
+    found = []
+    for name, ssh, ip, image, options in (
+        (NEW_NAME, NEW_SSH, NEW_IP, hosts.host_image(), {"containers": True}),
+        (FRONT_NAME, FRONT_SSH, FRONT_IP, hosts.front_host_image(), {"ports": (port,)}),
+    ):
+        running = hosts.running(name, ssh, directory / f"{name}_ed25519", image)
+        if running is None:
+            print(f"booting the test host {name} (ssh on 127.0.0.1:{ssh})", file=sys.stderr)
+            running = hosts.start(name, ssh, directory, image=image, network=hosts.Network(network, ip), **options)
+        found.append(running)
+    return found[0], found[1]
+
+
+def site_deploy_args(*, wheels: Path, registry: str, ca: Path, hub_endpoint: str | None) -> list[str]:
+    """The site's own `-e` for deploy.yml, as its deploys pass them: the wheelhouse, the image by
+    digest from the site registry (trusted through its CA), the hub (where weights are fetched)."""
+    values = {
+        "specdeploy_wheelhouse_src": str(wheels),
+        "images_registry": registry,
+        "images_registry_ca_src": str(ca),
+        "images_source": "pull",
+    } | ({"weights_hf_endpoint": hub_endpoint} if hub_endpoint else {})
+    return [a for key, value in values.items() for a in ("-e", f"{key}={value}")]
+
+
+@dataclass
+class Move:
+    """The three hosts and how to run a migration step between the two engine hosts."""
+
+    inventory: Path
+    old: hosts.Host
+    new: hosts.Host
+    front: hosts.Host
+    vault_password_file: Path
+    deploy_args: list[str]
+    logs: Path
+
+    def argv(self, step: str, *extra: str) -> list[str]:
+        argv = [
+            str(Path(sys.executable).parent / "specdeploy"), "migrate", step,
+            "--from", self.old.name, "--to", self.new.name, "-i", str(self.inventory), "--front", self.front.name,
+            "--vault-password-file", str(self.vault_password_file), "--json", *extra,
+        ]  # fmt: skip
+        return [*argv, "--", *self.deploy_args] if step == "prepare" else argv
+
+    def step(self, step: str, *extra: str) -> tuple[int, dict[str, Any]]:
+        """`specdeploy migrate STEP` as a person runs it (its output kept in `logs`): (exit code, its JSON
+        with `stderr` added)."""
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        done = subprocess.run(self.argv(step, *extra), capture_output=True, text=True, env=env, timeout=3600)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        (self.logs / f"migrate-{step}.log").write_text(done.stdout + done.stderr)
+        try:
+            data = json.loads(done.stdout) if done.stdout.strip() else {}
+        except json.JSONDecodeError:
+            data = {"stdout": done.stdout[-2000:]}
+        return done.returncode, data | {"stderr": done.stderr}
+
+    def front_status(self) -> dict[str, dict[str, Any]]:
+        from specdeploy.core import layout
+
+        cli = layout.InstallLayout().to_json()["cli"]
+        shown = self.front.ssh(f"{cli} front status --json")
+        return {s["name"]: s for s in json.loads(shown.stdout)["servers"]}
+
+    def record(self) -> dict[str, Any]:
+        where = self.inventory.parent / "migrations" / f"{self.old.name}--{self.new.name}.json"
+        return json.loads(where.read_text())
