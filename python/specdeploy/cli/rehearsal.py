@@ -209,5 +209,33 @@ def deploy_cmd(
     raise typer.Exit(run.report["exit_code"] or (2 if run.playbook_exit else 0))
 
 
+@app.command("migrate")
+def migrate_cmd(
+    requests: Annotated[int, typer.Option(min=4, help="streaming requests sent through the front during cutover")] = 12,
+) -> None:
+    """Move the main job's deployment to a new host (README "Move to a new host"): the main job
+    first (OLD), then NEW and the front booted or reused, the front deployed and OLD behind it, then
+    `specdeploy migrate plan`, `prepare`, `verify` and `cutover` (under load through the front), each
+    printed before it runs. Prints a table of the steps. Exit 0 when all four passed, else 1."""
+    from specdeploy.rehearsal import deploy, migration
+
+    deploy.check_controller()
+    rows = migration.main_job_move(requests=requests)
+    table = Table("step", "exit", "summary", "load (sent / ok / failed)", title="migration rehearsal")
+    for row in rows:
+        sent = row.get("load")
+        table.add_row(
+            row["step"],
+            str(row["exit"]),
+            row["summary"],
+            f"{sent['sent']} / {sent['ok']} / {sent['failed']}" if sent else "",
+        )
+    out.print(table)
+    done = [r for r in rows if r["exit"] == 0]
+    raise typer.Exit(
+        0 if len(done) == len(migration.STEPS) and all(r.get("load", {}).get("failed", 0) == 0 for r in rows) else 1
+    )
+
+
 def register(root: typer.Typer) -> None:
     root.add_typer(app, name="rehearsal")

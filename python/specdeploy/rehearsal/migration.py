@@ -29,11 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from specdeploy.core import atomic
+from specdeploy.core.errors import SpecdeployError
 from specdeploy.rehearsal import hosts
 
 NEW_NAME, NEW_SSH, NEW_IP = "specdeploy-container-new", 2341, "10.89.64.31"
 FRONT_NAME, FRONT_SSH, FRONT_IP = "specdeploy-front", 2342, "10.89.64.32"
 INVENTORY = "site.ini"
+# The main job's move (`specdeploy rehearsal migrate`): its own NEW beside the main job's host, the
+# same front host as the tests' (one front at a time publishes the loopback port).
+MAIN_NEW_NAME, MAIN_NEW_SSH, MAIN_NEW_IP = "specdeploy-rehearsal-new", 2321, "10.89.64.21"
 
 
 def front_certificate(directory: Path, addresses: tuple[str, ...]) -> Path:
@@ -83,6 +87,7 @@ def write_inventory(
     profile: str,
     cert: Path,
     old_vars: tuple[str, ...] = (),
+    new_ip: str = NEW_IP,
 ) -> Path:
     """The site's inventory of the three hosts: both engine hosts publishing on their internal
     address (the front reaches them there), NEW rendered in maint, the front's settings."""
@@ -95,7 +100,7 @@ def write_inventory(
     inventory.write_text(
         "[rehearsal]\n"
         f"{line(old, old_ip, *old_vars)}\n"
-        f"{line(new, NEW_IP, 'front_server_state=maint')}\n"
+        f"{line(new, new_ip, 'front_server_state=maint')}\n"
         "[specdeploy_engines:children]\nrehearsal\n"
         f"[specdeploy_front]\n{line(front, None)}\n"
         f"[specdeploy_front:vars]\nfront_profile={profile}\nfront_cert_src={cert}\nfront_install_haproxy=false\n"
@@ -103,15 +108,18 @@ def write_inventory(
     return inventory
 
 
-def start_hosts(directory: Path, network: str) -> tuple[hosts.Host, hosts.Host]:
-    """NEW and FRONT, reused when they run from the current images, booted otherwise."""
+def start_hosts(
+    directory: Path, network: str, *, new: tuple[str, int, str] = (NEW_NAME, NEW_SSH, NEW_IP)
+) -> tuple[hosts.Host, hosts.Host]:
+    """NEW (`new`: name, ssh port, address) and FRONT, reused when they run from the current
+    images, booted otherwise."""
     from specdeploy.profile import load_profile
     from specdeploy.rehearsal.deploy import PROFILE
 
     port = load_profile(PROFILE).front.listen_port
     found = []
     for name, ssh, ip, image, options in (
-        (NEW_NAME, NEW_SSH, NEW_IP, hosts.host_image(), {"containers": True}),
+        (*new, hosts.host_image(), {"containers": True}),
         (FRONT_NAME, FRONT_SSH, FRONT_IP, hosts.front_host_image(), {"ports": (port,)}),
     ):
         running = hosts.running(name, ssh, directory / f"{name}_ed25519", image)
@@ -177,3 +185,73 @@ class Move:
     def record(self) -> dict[str, Any]:
         where = self.inventory.parent / "migrations" / f"{self.old.name}--{self.new.name}.json"
         return json.loads(where.read_text())
+
+
+STEPS = ("plan", "prepare", "verify", "cutover")
+
+
+def main_job_move(*, requests: int = 12) -> list[dict[str, Any]]:
+    """README "Move to a new host": the main job's deployment (OLD, deployed by the main job first)
+    moved to a new host through the front, as a site would: NEW and FRONT booted (or reused), the
+    front deployed and OLD re-deployed behind it (publishing on its internal address), then
+    `specdeploy migrate plan`, `prepare`, `verify` and `cutover` — the last under a bounded streaming
+    load through the front. Each command is printed before it runs; returns one row per step."""
+    from specdeploy.migrate import load
+    from specdeploy.profile import load_profile
+    from specdeploy.rehearsal import deploy, hub, registry
+
+    job = deploy.main_job()
+    if job.report is None or job.report.get("verdict") != "pass":
+        raise SpecdeployError(
+            "the main job's deploy did not pass its gate: there is no OLD to move",
+            hint="run ./scripts/rehearse.sh and fix what its gate report says",
+        )
+    state = deploy.cache_dir() / "rehearsal-host"
+    old = deploy.host()
+    new, front = start_hosts(state, hub.NETWORK, new=(MAIN_NEW_NAME, MAIN_NEW_SSH, MAIN_NEW_IP))
+    cert = front_certificate(state, ("127.0.0.1", FRONT_IP))
+    inventory = write_inventory(
+        state, old=old, old_ip=deploy.HOST_IP, new=new, front=front, profile=deploy.PROFILE, cert=cert,
+        new_ip=MAIN_NEW_IP,
+    )  # fmt: skip
+    site = registry.start_registry()
+    vault = deploy.rehearsal_vault(state / "secrets")
+    # OLD keeps its verified weights (present); the image by digest from the site registry
+    args = site_deploy_args(
+        wheels=deploy.wheelhouse(deploy.PROFILE), registry=site.address, ca=site.ca, hub_endpoint=None
+    )
+    move = Move(
+        inventory, old, new, front, vault.password_file, [*args, "-e", "weights_source=present"], state / "logs"
+    )
+    profiles = state / "profiles"
+    for limit in (front.name, old.name):
+        argv = [
+            "ansible-playbook", "deploy.yml", "-i", str(inventory), "-l", limit, "--vault-password-file",
+            str(vault.password_file), "-e", f"specdeploy_profile={deploy.PROFILE}",
+            "-e", f"specdeploy_profiles_src={profiles}", *move.deploy_args,
+        ]  # fmt: skip
+        print(f"$ {' '.join(argv[:5])} ...", file=sys.stderr)
+        if deploy.run_playbook(argv, capture=False).returncode != 0:
+            raise SpecdeployError(f"deploy.yml -l {limit} failed: nothing was moved", hint="see its output above")
+    profile = load_profile(profiles / f"{deploy.PROFILE}.yaml")
+    rows = []
+    for step in STEPS:
+        print("$ " + " ".join(move.argv(step)[1:]), file=sys.stderr)
+        if step == "cutover":
+            spec = load.LoadSpec(
+                url=f"https://127.0.0.1:{profile.front.listen_port}", api_key=vault.values()["engine_api_key"],
+                model=profile.engine.serve.served_model_name or profile.target.repo, total=requests, in_flight=2,
+                max_tokens=300, timeout_s=300, ca_file=str(cert),
+            )  # fmt: skip
+            with load.Load(spec) as running:
+                running.wait_sent(3, 120)
+                code, out = move.step(step)
+                result = running.finish(900)
+            out["load"] = result.to_json()
+        else:
+            code, out = move.step(step)
+        rows.append({"step": step, "exit": code, "summary": out.get("summary") or out["stderr"].strip()[-300:]}
+                    | ({"load": out["load"]} if "load" in out else {}))  # fmt: skip
+        if code != 0:
+            break
+    return rows
