@@ -15,7 +15,7 @@ HALVES = ("heldout", "tuning", "heldout-2", "tuning-2", "heldout-3", "tuning-3")
 # The data the detectors are tuned on: round 1's and round 2's two halves (each held-out half was
 # measured once, at the end of its round, and is tuning data since the next round) and round 3's
 # tuning half. Round 3's held-out half is not.
-TUNING = ("tuning", "heldout", "tuning-2", "heldout-2", "tuning-3")
+TUNING = ("tuning", "heldout", "tuning-2", "heldout-2", "tuning-3", "heldout-3")
 # Each held-out half's sha256 at the commit that added it, before any detector change of its
 # round (issue 22): round 1 at 949915204edd, round 2 at 399614f, round 3 at 0e72457.
 HELDOUT_SHA256 = "19c2762fbe1adc9bd89e8773edcc550670bd598558483252450191e29e67f7e5"

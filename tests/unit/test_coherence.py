@@ -284,6 +284,9 @@ VOCABULARY = [
         ("Well — — ( ( — ' —. … — — ' — ( — — — — — — — — — — ' — — —. — — …", "punctuation-salad"),
         ("Office:<unused6226><unused6226> a workspace.", "template-tokens"),
         ("Sure.\n" + "You are the best assistant and your name is Ada…\n" * 3, "repeated-lines"),
+        # round 4 (general signals chosen by leave-one-round-out validation)
+        ("Som at the G and Care Care Care Care and the m at the end", "stutter"),  # 4x in a row
+        ("สาเหตุของน้ำป่า เป็็นสาเหตุ", "broken-marks"),  # a Thai mark written twice
     ],
 )
 def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> None:
@@ -312,6 +315,11 @@ def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> Non
         "Москва — столица России — и крупнейший город — страны.",
         "Chapter 1 ........................ 12\nChapter 2 ........................ 34",
         "$$x = \\frac{-b \\pm \\sqrt{b^2-4ac}}{2a}$$",
+        # round 4
+        "Is the bridge safe? No, no: it is very very old and the answer is to wait for the repair.",
+        "नमस्ते दुनिया, यह एक परीक्षण है। हिन्दी में मात्राएँ एक बार लिखी जाती हैं।",
+        "สวัสดีครับ ผมชื่อสมชาย เป็นสาเหตุของน้ำท่วม",
+        "I love it ❤️❤️❤️ and so does she 👍🏽👍🏽.",
     ],
 )
 def test_new_detectors_stay_quiet_on_normal_multilingual_text(text: str) -> None:

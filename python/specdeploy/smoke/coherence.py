@@ -429,6 +429,14 @@ def _stutter(text: str) -> Finding | None:
     # single letters repeat in formulas ("x x" of "3x^3 + 2x^2"); "is is is" loops are loops
     if thrice := _GLUED_THRICE_RE.search(_MARKUP_RE.sub(" ", _code_free(text))):
         return Finding("stutter", f"a word glued to itself three times: {thrice.group()!r}")
+    # one word said four times in a row ("Care Care Care Care"): healthy text says a word at
+    # most twice in a row; a mark between the words ("to, to, to, to") breaks the run
+    tokens = re.findall(r"\w+|[^\w\s]+", _code_free(text).lower())
+    run = 1
+    for a, b in zip(tokens, tokens[1:], strict=False):
+        run = run + 1 if a == b and sum(ch.isalpha() for ch in a) >= 2 else 1
+        if run >= 4:
+            return Finding("stutter", f"{a!r} said {run} times in a row")
     doubled = sum(1 for a, b in zip(words, words[1:], strict=False) if a == b and len(a) >= 2)
     glued = len(_GLUED_TWICE_RE.findall(text))
     if doubled + glued >= 3 and doubled + glued >= 0.2 * len(words):
@@ -485,12 +493,12 @@ def _punctuation_salad(text: str) -> Finding | None:
         return None
     # mostly marks, few letters ('\\\\},""#im)\// &#..'), a run of one mark counted once (dot leaders)
     squeezed = [ch for ch in _MARK_RUN_RE.sub(r"\1", prose) if not ch.isspace()]
-    marks = sum(1 for ch in squeezed if not ch.isalnum())
+    marks = sum(1 for ch in squeezed if not _is_letter(ch))
     letters = sum(1 for ch in squeezed if ch.isalpha())
     if len(squeezed) >= 24 and marks >= 0.6 * len(squeezed) and letters <= 0.25 * len(squeezed):
         return Finding("punctuation-salad", f"{marks} of {len(squeezed)} characters are marks, {letters} letters")
     if visible >= 48:
-        symbols = sum(n for ch, n in chars.items() if not (ch.isspace() or ch.isalnum() or ch in _SENTENCE_MARKS))
+        symbols = sum(n for ch, n in chars.items() if not (ch.isspace() or _is_letter(ch) or ch in _SENTENCE_MARKS))
         if symbols >= 0.35 * visible:
             return Finding("punctuation-salad", f"{symbols} of {visible} characters are symbols")
     tokens = prose.split()
@@ -504,6 +512,14 @@ def _punctuation_salad(text: str) -> Finding | None:
 
 
 _MARK_RUN_RE = re.compile(r"([^\w\s])\1+")
+
+
+def _is_letter(ch: str) -> bool:
+    """A letter, a digit, or a letter's combining mark (Devanagari and Thai vowel signs are
+    marks of category M, not symbols: "हिन्दी" is five letters' worth of writing)."""
+    return ch.isalnum() or unicodedata.category(ch)[0] == "M"
+
+
 # Prose punctuation standing alone as a word (dashes, ellipses, quotes, brackets, ticks); list
 # markers and operators (- * + = < >) are left out: they stand alone in lists and formulas.
 _LONE_MARK_TOKEN_RE = re.compile(r"^[—–…\"'`✓()\[\].,:;!?/]+$")
@@ -518,6 +534,20 @@ def _character_soup(chunk: str) -> Finding | None:
         return None
     if sum(map(len, letter_runs)) / len(letter_runs) <= 2:
         return Finding("punctuation-salad", f"{len(chunk)} characters of letters, digits and marks: {chunk[:40]!r}")
+    return None
+
+
+# ----------------------------------------------------------------------------- combining marks
+# The same combining mark twice on one letter ("เป็็น", "สั่่น"): Thai, Indic and Arabic vowel and
+# tone marks are written once; a decoder that drops or repeats byte tokens doubles them.
+# Variation selectors (emoji) are not marks of a letter.
+_DOUBLED_MARK_RE = re.compile(r"([\u0300-\u036f\u0591-\u05c7\u064b-\u065f\u0900-\u0dff\u0e31-\u0eff\u1000-\u109f])\1")
+
+
+def _doubled_marks(text: str) -> Finding | None:
+    spots = [m.group() for m in _DOUBLED_MARK_RE.finditer(text) if unicodedata.category(m.group(1)) == "Mn"]
+    if spots:
+        return Finding("broken-marks", f"the same combining mark twice on a letter, {len(spots)}x: {spots[:3]}")
     return None
 
 
@@ -595,7 +625,7 @@ def detect(text: str) -> list[Finding]:
             findings.append(Finding("compression-ratio", f"zlib ratio {ratio:.1f} > {limit:.1f} for {n_bytes} bytes"))
 
     findings += _script_findings(text)
-    for check in (_word_salad, _fragments, _stutter, _spacing, _punctuation_salad, _mojibake):
+    for check in (_word_salad, _fragments, _stutter, _spacing, _punctuation_salad, _doubled_marks, _mojibake):
         if found := check(text):
             findings.append(found)
     return findings
