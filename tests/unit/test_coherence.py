@@ -287,6 +287,13 @@ VOCABULARY = [
         # round 4 (general signals chosen by leave-one-round-out validation)
         ("Som at the G and Care Care Care Care and the m at the end", "stutter"),  # 4x in a row
         ("สาเหตุของน้ำป่า เป็็นสาเหตุ", "broken-marks"),  # a Thai mark written twice
+        ("|s\n\n|- 1\n|  |\n|-2|\n|\n|3", "punctuation-salad"),  # short, marks and no letters
+        ("Over Central Por Over Iz Iz Our Iz Iz Amb Our IB", "stutter"),  # two words said twice
+        (
+            "def " + "_".join(["main", "module", "rebind", "context", "freeze", "use", "order", "in", "fact"] * 3),
+            "broken-spacing",
+        ),
+        ("It was all the days in the world-Europae4Ugqpg0oIuPzDK, to say nothing.", "broken-spacing"),
     ],
 )
 def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> None:
@@ -319,6 +326,11 @@ def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> Non
         "Is the bridge safe? No, no: it is very very old and the answer is to wait for the repair.",
         "नमस्ते दुनिया, यह एक परीक्षण है। हिन्दी में मात्राएँ एक बार लिखी जाती हैं।",
         "สวัสดีครับ ผมชื่อสมชาย เป็นสาเหตุของน้ำท่วม",
+        "| Name | Score |\n|---|---:|\n| a | 1 |\n| b | 2 |",
+        "3 + 4 = 7; 7 * 2 = 14",
+        "The SHA-1 is 2fd4e1c67a2d28fced849ee1bb76e7391b93eb12 and the build id is 20240117.",
+        "Call `test_user_can_log_in_with_valid_password_and_remember_me_checked_twice()` to check it.",
+        "def test_user_can_log_in_with_valid_password_and_remember_me_checked_twice():\n    assert login()",
         "I love it ❤️❤️❤️ and so does she 👍🏽👍🏽.",
     ],
 )
