@@ -6,7 +6,7 @@ of each degenerate half flagged (tuning, held-out) and of the healthy texts flag
 and the CPU time to judge 4 KB texts (each healthy text repeated to 4096 bytes: median and
 worst, after a warm-up that loads the word lists). Only rates and counts are printed, never
 which held-out lines are missed (the protocol in tests/data/coherence/README.md); the held-out
-half is round 3's (degenerate-heldout-3.jsonl), rounds 1 and 2's held-out halves are tuning data
+half is round 4's (degenerate-heldout-4.jsonl), rounds 1 to 3's held-out halves are tuning data
 since the round after theirs. Results go in docs/benchmarks.md. Not a test: nothing asserts a time.
 
     python benchmarks/coherence_rates.py [--detectors FILE ...] [--no-heldout] [--json out.json]
@@ -27,7 +27,7 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "python")]
 
-from tests.support.coherence_corpus import TUNING, degenerate, healthy_texts  # noqa: E402
+from tests.support.coherence_corpus import HELDOUT, TUNING, degenerate, healthy_texts  # noqa: E402
 
 
 def _load(path: Path | None) -> ModuleType:
@@ -55,9 +55,9 @@ def measure(module: ModuleType, heldout: bool) -> dict[str, object]:
     # stdlib code is "code" in healthy_corpus; real code answers are "code:LANG"
     kinds = Counter("stdlib code" if k == "code" else _kind(k) for k, _ in healthy)
     flagged = Counter("stdlib code" if k == "code" else _kind(k) for k, t in healthy if module.detect(t))
-    # rounds 1 and 2's halves (each held-out half, measured once, is tuning data since the next
-    # round), round 3's tuning half, and round 3's held-out half (left out with --no-heldout)
-    halves = TUNING + (("heldout-3",) if heldout else ())
+    # rounds 1 to 3's halves (each held-out half, measured once, is tuning data since the next
+    # round), round 4's tuning half, and round 4's held-out half (left out with --no-heldout)
+    halves = TUNING + ((HELDOUT,) if heldout else ())
     rates = {}
     for half in halves:
         rows = degenerate(half)
@@ -86,7 +86,7 @@ def measure(module: ModuleType, heldout: bool) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--detectors", type=Path, action="append", help="a coherence.py to measure (repeatable)")
-    parser.add_argument("--no-heldout", action="store_true", help="leave round 3's held-out half out")
+    parser.add_argument("--no-heldout", action="store_true", help="leave round 4's held-out half out")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     results = {}

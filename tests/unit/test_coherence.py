@@ -14,8 +14,10 @@ import pytest
 from tests.support.coherence_corpus import (
     COHERENCE,
     HALVES,
+    HELDOUT,
     HELDOUT2_SHA256,
     HELDOUT3_SHA256,
+    HELDOUT4_SHA256,
     HELDOUT_SHA256,
     degenerate,
     healthy_texts,
@@ -124,7 +126,13 @@ def _rate(rows: list[dict[str, str]]) -> float:
 
 
 @pytest.mark.parametrize(
-    ("name", "sha256"), [("heldout", HELDOUT_SHA256), ("heldout-2", HELDOUT2_SHA256), ("heldout-3", HELDOUT3_SHA256)]
+    ("name", "sha256"),
+    [
+        ("heldout", HELDOUT_SHA256),
+        ("heldout-2", HELDOUT2_SHA256),
+        ("heldout-3", HELDOUT3_SHA256),
+        ("heldout-4", HELDOUT4_SHA256),
+    ],
 )
 def test_each_held_out_half_is_the_file_committed_before_its_rounds_detector_changes(name: str, sha256: str) -> None:
     data = (COHERENCE / f"degenerate-{name}.jsonl").read_bytes()
@@ -133,7 +141,7 @@ def test_each_held_out_half_is_the_file_committed_before_its_rounds_detector_cha
 
 def test_the_degenerate_corpus_has_cited_outputs_in_every_class_split_in_halves_per_round() -> None:
     halves = {half: degenerate(half) for half in HALVES}
-    rounds = (("heldout", "tuning"), ("heldout-2", "tuning-2"), ("heldout-3", "tuning-3"))
+    rounds = (("heldout", "tuning"), ("heldout-2", "tuning-2"), ("heldout-3", "tuning-3"), ("heldout-4", "tuning-4"))
     for heldout, tuning in rounds:
         assert len(halves[heldout]) + len(halves[tuning]) >= 60
         assert abs(len(halves[heldout]) - len(halves[tuning])) <= 1
@@ -153,28 +161,29 @@ def test_the_degenerate_corpus_has_cited_outputs_in_every_class_split_in_halves_
         assert set(row) <= {"text", "source", "engine", "class", "note"}, row
 
 
-# Round 1's held-out half was measured once (674b005): 29 of 40; since round 2 it is tuning data.
-# Round 2's held-out half was measured once, at the end of round 2: 26 of 31 (83.9%); since round 3
-# it is tuning data (its misses may be read). Round 3's held-out half (0e72457) was measured with
-# the detectors before round 3 (23 of 32) and once at the end of round 3's tuning (600f707):
-# 24 of 32 (75.0%, docs/benchmarks.md). Issue 22's target is 85%; it is not reached, and round
-# 3's held-out misses were never looked at (protocol, tests/data/coherence/README.md).
-HELDOUT3_MEASURED = 24 / 32
+# Round 1's held-out half was measured once (674b005): 29 of 40; round 2's once at the end of round
+# 2: 26 of 31 (83.9%); round 3's once at the end of round 3 (600f707): 24 of 32 (75.0%). Each is
+# tuning data since the round after its own (its misses may be read). Round 4's held-out half
+# (8659a63) was measured once, at the end of round 4's tuning (22162fe), with the detectors from
+# before round 4 and after it in one run: 25 of 32 both (78.1%, docs/benchmarks.md). Issue 22's
+# target is 85%; it is not reached, and round 4's held-out misses were never looked at (protocol,
+# tests/data/coherence/README.md).
+HELDOUT4_MEASURED = 25 / 32
 
 
-def test_round_3s_held_out_half_is_flagged_at_least_at_the_rate_measured_once() -> None:
-    rate = _rate(degenerate("heldout-3"))  # the rate only: the misses are not looked at (protocol)
-    assert rate >= HELDOUT3_MEASURED, f"held-out rate {rate:.1%}"
+def test_round_4s_held_out_half_is_flagged_at_least_at_the_rate_measured_once() -> None:
+    rate = _rate(degenerate(HELDOUT))  # the rate only: the misses are not looked at (protocol)
+    assert rate >= HELDOUT4_MEASURED, f"held-out rate {rate:.1%}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22's target, not reached: 75.0% measured once (docs/benchmarks.md)")
-def test_round_3s_held_out_half_is_flagged_at_85_percent_or_more() -> None:
-    rate = _rate(degenerate("heldout-3"))
+@pytest.mark.xfail(strict=True, reason="issue 22's target, not reached: 78.1% measured once (docs/benchmarks.md)")
+def test_round_4s_held_out_half_is_flagged_at_85_percent_or_more() -> None:
+    rate = _rate(degenerate(HELDOUT))
     assert rate >= 0.85, f"held-out rate {rate:.1%}"
 
 
 def test_the_tuning_data_is_flagged_at_85_percent_or_more() -> None:
-    rows = tuning_data()  # rounds 1 and 2's four halves and round 3's tuning half
+    rows = tuning_data()  # rounds 1 to 3's six halves and round 4's tuning half
     missed = [(row["class"], row["text"][:60]) for row in rows if not coherence.detect(row["text"])]
     assert _rate(rows) >= 0.85, missed
 
@@ -284,6 +293,16 @@ VOCABULARY = [
         ("Well — — ( ( — ' —. … — — ' — ( — — — — — — — — — — ' — — —. — — …", "punctuation-salad"),
         ("Office:<unused6226><unused6226> a workspace.", "template-tokens"),
         ("Sure.\n" + "You are the best assistant and your name is Ada…\n" * 3, "repeated-lines"),
+        # round 4 (general signals chosen by leave-one-round-out validation)
+        ("Som at the G and Care Care Care Care and the m at the end", "stutter"),  # 4x in a row
+        ("สาเหตุของน้ำป่า เป็็นสาเหตุ", "broken-marks"),  # a Thai mark written twice
+        ("|s\n\n|- 1\n|  |\n|-2|\n|\n|3", "punctuation-salad"),  # short, marks and no letters
+        ("Over Central Por Over Iz Iz Our Iz Iz Amb Our IB", "stutter"),  # two words said twice
+        (
+            "def " + "_".join(["main", "module", "rebind", "context", "freeze", "use", "order", "in", "fact"] * 3),
+            "broken-spacing",
+        ),
+        ("It was all the days in the world-Europae4Ugqpg0oIuPzDK, to say nothing.", "broken-spacing"),
     ],
 )
 def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> None:
@@ -312,6 +331,16 @@ def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> Non
         "Москва — столица России — и крупнейший город — страны.",
         "Chapter 1 ........................ 12\nChapter 2 ........................ 34",
         "$$x = \\frac{-b \\pm \\sqrt{b^2-4ac}}{2a}$$",
+        # round 4
+        "Is the bridge safe? No, no: it is very very old and the answer is to wait for the repair.",
+        "नमस्ते दुनिया, यह एक परीक्षण है। हिन्दी में मात्राएँ एक बार लिखी जाती हैं।",
+        "สวัสดีครับ ผมชื่อสมชาย เป็นสาเหตุของน้ำท่วม",
+        "| Name | Score |\n|---|---:|\n| a | 1 |\n| b | 2 |",
+        "3 + 4 = 7; 7 * 2 = 14",
+        "The SHA-1 is 2fd4e1c67a2d28fced849ee1bb76e7391b93eb12 and the build id is 20240117.",
+        "Call `test_user_can_log_in_with_valid_password_and_remember_me_checked_twice()` to check it.",
+        "def test_user_can_log_in_with_valid_password_and_remember_me_checked_twice():\n    assert login()",
+        "I love it ❤️❤️❤️ and so does she 👍🏽👍🏽.",
     ],
 )
 def test_new_detectors_stay_quiet_on_normal_multilingual_text(text: str) -> None:

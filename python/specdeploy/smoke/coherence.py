@@ -28,7 +28,11 @@ tests/data/coherence/, cited line by line; docs/sources.md#judging) or seen in e
   dashes, quotes and ellipses standing alone as words; 40+ characters without a space mixing
   letters, digits and marks with no word in them: "1GB$B*:+GC3@34(*!%,(<:"), answers of one
   token per line, answers without a letter or digit, and empty answers;
-- tokenizer markers printed undecoded ("HelloĠworld", "▁The▁current") and words run together.
+- tokenizer markers printed undecoded ("HelloĠworld", "▁The▁current") and words run together,
+  also by underscores (16+ parts: "main_module_example_rebind_to_context_…"), and runs of mixed
+  case and digits in prose ("world-Europae4Ugqpg0oIuPzDK");
+- a word said four times in a row, or two words each said twice in a sixth of the words;
+- the same combining mark twice on a letter (Thai, Indic, Arabic: "เป็็น").
 
 Thresholds are the same for every profile and were set on tuning data only (issue 22's
 protocol, tests/data/coherence/README.md) and on 374 healthy texts (real model answers in six
@@ -36,8 +40,11 @@ scripts, code, markdown, message catalogs in 16 languages). Round 1: 40/40 of it
 29/40 of its held-out half (measured once). Round 2, tuned on round 1's two halves and 31 new
 outputs (100/111 flagged): 26 of 31 other new outputs held out (83.9%, measured once; issue
 22's target of 85% is not reached), 0 of the healthy texts. Round 3, tuned on rounds 1 and 2's
-four halves and 32 new outputs (160/174 flagged, 152 before): 32 other new outputs held out,
-measured once at the end; tests keep the figures (docs/benchmarks.md). Lengths are counted in
+four halves and 32 new outputs (160/174 flagged, 152 before): 24 of 32 other new outputs held out
+(75.0%). Round 4 chose its general signals by leave-one-round-out validation and tuned on all
+earlier halves and 31 new outputs (215/237 flagged, 209 before): 25 of 32 other new outputs held
+out (78.1%, as with the detectors before round 4; issue 22's 85% is not reached); tests keep the
+figures (docs/benchmarks.md). Lengths are counted in
 UTF-8 bytes or in tokens, never in Latin characters.
 A 4 KB answer is judged in a few milliseconds (the word lists are loaded once, on first use).
 """
@@ -429,9 +436,21 @@ def _stutter(text: str) -> Finding | None:
     # single letters repeat in formulas ("x x" of "3x^3 + 2x^2"); "is is is" loops are loops
     if thrice := _GLUED_THRICE_RE.search(_MARKUP_RE.sub(" ", _code_free(text))):
         return Finding("stutter", f"a word glued to itself three times: {thrice.group()!r}")
+    # one word said four times in a row ("Care Care Care Care"): healthy text says a word at
+    # most twice in a row; a mark between the words ("to, to, to, to") breaks the run
+    tokens = re.findall(r"\w+|[^\w\s]+", _code_free(text).lower())
+    run = 1
+    for a, b in zip(tokens, tokens[1:], strict=False):
+        run = run + 1 if a == b and sum(ch.isalpha() for ch in a) >= 2 else 1
+        if run >= 4:
+            return Finding("stutter", f"{a!r} said {run} times in a row")
     doubled = sum(1 for a, b in zip(words, words[1:], strict=False) if a == b and len(a) >= 2)
     glued = len(_GLUED_TWICE_RE.findall(text))
-    if doubled + glued >= 3 and doubled + glued >= 0.2 * len(words):
+    # a word said twice in a row is emphasis once ("very very"); 2+ times in a sixth of the words
+    # ("Over Iz Iz Our Iz Iz Amb") is a stutter, as 3+ are in a fifth (healthy text: under a tenth)
+    if (doubled + glued >= 3 and doubled + glued >= 0.2 * len(words)) or (
+        doubled >= 2 and doubled >= 0.15 * len(words)
+    ):
         return Finding("stutter", f"{doubled} words said twice in a row, {glued} glued to themselves, in {len(words)}")
     return None
 
@@ -442,6 +461,8 @@ _SINGLE_SPACE_RE = re.compile(r"(?<=[^\W\d_])[.,!?]? (?=[^\W\d_])")
 
 # A word of 32+ letters in lower case (after a capital at most): words run together, any
 # language's longest common words are shorter ("Thereareseveralclassesavailablebydefault").
+_CHAINED_WORDS_RE = re.compile(r"(?<![A-Za-z0-9_])[A-Za-z0-9]++(?:_[A-Za-z0-9]++){15,}")
+_MIXED_RUN_RE = re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9]{12,}+(?![A-Za-z0-9])")
 _RUN_TOGETHER_RE = re.compile(r"(?<![\w-])[A-Z]?[a-z]{31,}(?![\w-])")
 # Byte-level BPE's space and newline (Ġ U+0120, Ċ U+010A) after a lower-case letter or a mark,
 # SentencePiece's space (▁ U+2581) between letters: tokens printed undecoded ("HelloĠworld").
@@ -454,6 +475,19 @@ def _spacing(text: str) -> Finding | None:
         return Finding("broken-spacing", f"{len(markers)} tokenizer space markers left in the text: {markers[:3]}")
     if glued := _RUN_TOGETHER_RE.search(_MARKUP_RE.sub(" ", prose)):
         return Finding("broken-spacing", f"{len(glued.group())} letters without a space: {glued.group()[:40]!r}")
+    # words run together with underscores: 16+ parts in one name outside code spans (healthy
+    # code: 6 at most; a long test name has a dozen)
+    if chained := _CHAINED_WORDS_RE.search(_MARKUP_RE.sub(" ", prose)):
+        return Finding(
+            "broken-spacing", f"{chained.group().count('_') + 1} words joined by '_': {chained.group()[:40]!r}"
+        )
+    for rand in _MIXED_RUN_RE.findall(_MARKUP_RE.sub(" ", prose)):
+        # 12+ letters and digits in prose switching case or kind every 2.5 characters: token
+        # soup, not a word or a hex hash ("world-Europae4Ugqpg0oIuPzDK")
+        kinds = ["d" if ch.isdigit() else "u" if ch.isupper() else "l" for ch in rand]
+        switches = sum(1 for a, b in zip(kinds, kinds[1:], strict=False) if a != b)
+        if {"d", "u", "l"} <= set(kinds) and switches >= 0.4 * len(rand):
+            return Finding("broken-spacing", f"a run of mixed letters and digits in prose: {rand[:40]!r}")
     doubled = len(_DOUBLE_SPACE_RE.findall(prose)) if "  " in prose else 0
     if doubled >= 8 and doubled >= (single := len(_SINGLE_SPACE_RE.findall(prose))):
         return Finding("broken-spacing", f"{doubled} of {doubled + single} word gaps are two spaces")
@@ -477,20 +511,26 @@ def _punctuation_salad(text: str) -> Finding | None:
     text keeps symbols (beyond sentence punctuation) well under a third of its characters,
     and all marks together (sentence punctuation too) under two fifths."""
     prose = _RULE_LINE_RE.sub("", _code_free(text))
-    if "|" in prose and prose.count("\n") >= 2 and re.search(r"^\s*\|", prose, re.M):
-        return None  # a markdown table
+    if _TABLE_RULE_RE.search(prose):
+        return None  # a markdown table (its header separator row: "|---|:---:|")
     chars = Counter(prose)
     visible = sum(n for ch, n in chars.items() if not ch.isspace())
+    if visible < 12:
+        return None
+    # mostly marks, few letters ('\\\\},""#im)\// &#..'), a run of one mark counted once (dot leaders);
+    # a short answer (12+) only when letters are almost absent ("|s |- 1 |  | |-2| | |3")
+    squeezed = [ch for ch in _MARK_RUN_RE.sub(r"\1", prose) if not ch.isspace()]
+    marks = sum(1 for ch in squeezed if not _is_letter(ch))
+    letters = sum(1 for ch in squeezed if ch.isalpha())
+    if marks >= 0.6 * len(squeezed) and (
+        (len(squeezed) >= 24 and letters <= 0.25 * len(squeezed))
+        or (len(squeezed) >= 12 and letters <= 0.1 * len(squeezed))
+    ):
+        return Finding("punctuation-salad", f"{marks} of {len(squeezed)} characters are marks, {letters} letters")
     if visible < 24:
         return None
-    # mostly marks, few letters ('\\\\},""#im)\// &#..'), a run of one mark counted once (dot leaders)
-    squeezed = [ch for ch in _MARK_RUN_RE.sub(r"\1", prose) if not ch.isspace()]
-    marks = sum(1 for ch in squeezed if not ch.isalnum())
-    letters = sum(1 for ch in squeezed if ch.isalpha())
-    if len(squeezed) >= 24 and marks >= 0.6 * len(squeezed) and letters <= 0.25 * len(squeezed):
-        return Finding("punctuation-salad", f"{marks} of {len(squeezed)} characters are marks, {letters} letters")
     if visible >= 48:
-        symbols = sum(n for ch, n in chars.items() if not (ch.isspace() or ch.isalnum() or ch in _SENTENCE_MARKS))
+        symbols = sum(n for ch, n in chars.items() if not (ch.isspace() or _is_letter(ch) or ch in _SENTENCE_MARKS))
         if symbols >= 0.35 * visible:
             return Finding("punctuation-salad", f"{symbols} of {visible} characters are symbols")
     tokens = prose.split()
@@ -504,6 +544,15 @@ def _punctuation_salad(text: str) -> Finding | None:
 
 
 _MARK_RUN_RE = re.compile(r"([^\w\s])\1+")
+_TABLE_RULE_RE = re.compile(r"^[ \t]*\|?[ \t]*:?-{3,}:?[ \t]*\|", re.M)
+
+
+def _is_letter(ch: str) -> bool:
+    """A letter, a digit, or a letter's combining mark (Devanagari and Thai vowel signs are
+    marks of category M, not symbols: "हिन्दी" is five letters' worth of writing)."""
+    return ch.isalnum() or unicodedata.category(ch)[0] == "M"
+
+
 # Prose punctuation standing alone as a word (dashes, ellipses, quotes, brackets, ticks); list
 # markers and operators (- * + = < >) are left out: they stand alone in lists and formulas.
 _LONE_MARK_TOKEN_RE = re.compile(r"^[—–…\"'`✓()\[\].,:;!?/]+$")
@@ -518,6 +567,20 @@ def _character_soup(chunk: str) -> Finding | None:
         return None
     if sum(map(len, letter_runs)) / len(letter_runs) <= 2:
         return Finding("punctuation-salad", f"{len(chunk)} characters of letters, digits and marks: {chunk[:40]!r}")
+    return None
+
+
+# ----------------------------------------------------------------------------- combining marks
+# The same combining mark twice on one letter ("เป็็น", "สั่่น"): Thai, Indic and Arabic vowel and
+# tone marks are written once; a decoder that drops or repeats byte tokens doubles them.
+# Variation selectors (emoji) are not marks of a letter.
+_DOUBLED_MARK_RE = re.compile(r"([\u0300-\u036f\u0591-\u05c7\u064b-\u065f\u0900-\u0dff\u0e31-\u0eff\u1000-\u109f])\1")
+
+
+def _doubled_marks(text: str) -> Finding | None:
+    spots = [m.group() for m in _DOUBLED_MARK_RE.finditer(text) if unicodedata.category(m.group(1)) == "Mn"]
+    if spots:
+        return Finding("broken-marks", f"the same combining mark twice on a letter, {len(spots)}x: {spots[:3]}")
     return None
 
 
@@ -595,7 +658,7 @@ def detect(text: str) -> list[Finding]:
             findings.append(Finding("compression-ratio", f"zlib ratio {ratio:.1f} > {limit:.1f} for {n_bytes} bytes"))
 
     findings += _script_findings(text)
-    for check in (_word_salad, _fragments, _stutter, _spacing, _punctuation_salad, _mojibake):
+    for check in (_word_salad, _fragments, _stutter, _spacing, _punctuation_salad, _doubled_marks, _mojibake):
         if found := check(text):
             findings.append(found)
     return findings
