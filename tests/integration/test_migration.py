@@ -72,6 +72,7 @@ class Site(migration.Move):
             *self.deploy_args, *extra,
         ]  # fmt: skip
         run = deploy.run_playbook(argv, capture=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
         (self.logs / f"play-{limit}-{int(time.time())}.log").write_text(run.stdout + run.stderr)
         return run
 
