@@ -146,6 +146,7 @@ def start(
     *,
     containers: bool = False,
     network: Network | None = None,
+    privileged: bool = False,
 ) -> Host:
     """Boot host `name` (replacing one of that name) and wait until systemd and sshd answer.
     `containers`: a host that runs podman itself (the container rehearsal); `network`: also on
@@ -157,6 +158,8 @@ def start(
     publish = ["-p", f"127.0.0.1:{ssh_port}:22"] + [a for p in ports for a in ("-p", f"127.0.0.1:{p}:{p}")]
     stop(name)
     nested = ["--privileged", "-v", f"{storage_volume(name)}:/var/lib/containers"] if containers else []
+    if privileged and not containers:  # systemd's mount namespaces (a unit's BindReadOnlyPaths=, say)
+        nested = ["--privileged"]
     attach = ["--network", network.name, "--ip", network.ip] if network else []
     subprocess.run(
         # vLLM's CPU engine allocates its shared-memory rings in /dev/shm (64 MiB by default).

@@ -120,7 +120,9 @@ def start_hosts(
     found = []
     for name, ssh, ip, image, options in (
         (*new, hosts.host_image(), {"containers": True}),
-        (FRONT_NAME, FRONT_SSH, FRONT_IP, hosts.front_host_image(), {"ports": (port,)}),
+        # Debian's haproxy.service binds /dev/log into a mount namespace, which an unprivileged test
+        # container cannot make (226/NAMESPACE); a real host can
+        (FRONT_NAME, FRONT_SSH, FRONT_IP, hosts.front_host_image(), {"ports": (port,), "privileged": True}),
     ):
         running = hosts.running(name, ssh, directory / f"{name}_ed25519", image)
         if running is None:
