@@ -17,7 +17,9 @@ from specdeploy.host import preflight as checks
 from specdeploy.profile import load_profile
 from specdeploy.weights.fetch import read_token
 
-WEIGHTS_SOURCES = ("hub", "archive")
+# The weights role's sources (ansible/roles/weights/defaults): preflight refuses any other, before the
+# deploy replaces anything. present: seeded by `specdeploy migrate prepare`, only verified.
+WEIGHTS_SOURCES = ("hub", "archive", "present")
 TimeoutOpt = Annotated[
     float,
     typer.Option(
@@ -43,7 +45,9 @@ def preflight(
     as_json: base.JsonOpt = False,
     nvidia_smi: Annotated[str, typer.Option(help="nvidia-smi executable")] = "nvidia-smi",
     podman: base.PodmanOpt = "podman",
-    weights_source: Annotated[str, typer.Option(help="hub or archive (no token needed)")] = "hub",
+    weights_source: Annotated[
+        str, typer.Option(help="hub, archive or present (no token needed for the last two)")
+    ] = "hub",
     models_dir: base.ModelsDirOpt = None,
     token_file: Annotated[Path | None, typer.Option(help="a file holding the hub token (one line, mode 600)")] = None,
     token_stdin: Annotated[
@@ -65,7 +69,8 @@ def preflight(
     if weights_source not in WEIGHTS_SOURCES:
         raise UsageError(
             f"--weights-source {weights_source!r}: expected one of {', '.join(WEIGHTS_SOURCES)}; nothing was checked",
-            hint="pass --weights-source hub (weights fetched with a token) or archive (unpacked from an archive)",
+            hint="pass --weights-source hub (fetched with a token), archive (unpacked from an archive) or present "
+            "(already on the host, seeded by `specdeploy migrate prepare`)",
         )
     # the same rules as the fetch: stdin, else a mode-600 file, else $HF_TOKEN
     token = read_token(token_file, from_stdin=token_stdin) is not None
