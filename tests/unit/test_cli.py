@@ -76,6 +76,11 @@ def test_facts_take_the_inventorys_path_overrides(tmp_path: Path) -> None:
         "uid": 10001,
         "user_home": "/var/lib/specdeploy/home",
         "publish_host": "127.0.0.1",
+        # both runtimes' unit files (decommission.yml removes whichever is there)
+        "files": [
+            "/etc/containers/systemd/specdeploy-engine.container",
+            "/etc/systemd/system/specdeploy-engine.service",
+        ],
     }
     quadlet = json.loads(CliRunner().invoke(app, ["facts", "--profile", "a6000-dflash"]).stdout)
     assert quadlet["unit"]["dir"] == "/etc/containers/systemd" and quadlet["profile"]["container"] is True
