@@ -32,6 +32,7 @@ Traffic stays on the test hosts' own network and the controller's loopback.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -186,7 +187,7 @@ def test_new_serving_another_engine_version_stops_at_verify_and_gets_no_traffic(
         "import importlib.util as u, pathlib; p = pathlib.Path(u.find_spec('vllm').origin).parent / '_version.py'; "
         "p.write_text(p.read_text().replace(\"'0.32.0'\", \"'0.31.0'\").replace('(0, 32, 0)', '(0, 31, 0)'))"
     )
-    containerfile = f'FROM {image}\nUSER 0\nRUN python3 -c "{patch}"\n'
+    containerfile = f"FROM {image}\nUSER 0\nRUN {json.dumps(['python3', '-c', patch])}\n"  # exec form: no shell quoting
     built = subprocess.run(
         ["podman", "exec", "-i", NEW_NAME, "podman", "build", "-t", OTHER_IMAGE, "-f", "-", "/tmp"],
         input=containerfile, capture_output=True, text=True,
