@@ -53,7 +53,7 @@ def _echo(body: bytes) -> dict[str, Any]:
 
 
 def test_the_profile_s_front_section_defaults_serve_only_the_v1_routes_and_health() -> None:
-    front = load_profile("cpu-rehearsal").front
+    front = load_profile("a6000-dflash").front  # the rehearsals move the port to 8443
     assert front.allow_paths == list(DEFAULT_FRONT_PATHS)
     assert front.allow_paths == ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health"]
     assert front.timeout_server_s >= 600 and front.timeout_client_s >= 600

@@ -224,12 +224,8 @@ def migrate_cmd(
     table = Table("step", "exit", "summary", "load (sent / ok / failed)", title="migration rehearsal")
     for row in rows:
         sent = row.get("load")
-        table.add_row(
-            row["step"],
-            str(row["exit"]),
-            row["summary"],
-            f"{sent['sent']} / {sent['ok']} / {sent['failed']}" if sent else "",
-        )
+        load = f"{sent['sent']} / {sent['ok']} / {sent['failed']}" if sent else ""
+        table.add_row(*output.cells(row["step"], row["exit"], row["summary"], load))
     out.print(table)
     done = [r for r in rows if r["exit"] == 0]
     raise typer.Exit(
