@@ -23,7 +23,7 @@ STATES = ("ready", "drain", "maint")
 # A server's weight when it takes traffic; a server rendered in `drain` gets weight 0 (HAProxy has no
 # configuration keyword for the drain state) and `ready` through the runtime API sets this back.
 WEIGHT = 100
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _HOSTNAME_RE = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
@@ -45,7 +45,7 @@ class Backend(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
+        if not NAME_RE.match(v):
             raise ValueError(
                 "backend name: expected letters, digits, '.', '-' or '_' (at most 63, a letter or digit first), "
                 f"found {v!r}"

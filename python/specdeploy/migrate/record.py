@@ -22,7 +22,6 @@ Writes are atomic (core.atomic): a record is never half written, however a step 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specdeploy.core import atomic, files
 from specdeploy.core.errors import SpecdeployError, UsageError
+from specdeploy.front.config import NAME_RE
 
 STEPS = ("plan", "prepare", "verify", "cutover", "rollback", "finish")
 Step = Literal["plan", "prepare", "verify", "cutover", "rollback", "finish"]
@@ -41,7 +41,6 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "rollback": (),
     "finish": ("cutover",),
 }
-HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
 class RecordError(SpecdeployError):
@@ -111,7 +110,7 @@ class MigrationRecord(BaseModel):
 
 
 def check_host_name(name: str, option: str) -> str:
-    if not HOST_NAME.match(name):
+    if not NAME_RE.match(name):  # the front's server names are the inventory's host names
         raise UsageError(
             f"{option}: expected an inventory host name (letters, digits, '.', '_', '-'), found {name!r}",
             hint="pass the names the inventory gives the two hosts (`ansible-inventory -i INVENTORY --list`)",
