@@ -32,12 +32,13 @@ from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import deploy, engine_image, variants
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLE = ROOT / "ansible" / "roles" / "specdeploy" / "tasks" / "main.yml"
+ROLE_TASKS = ROOT / "ansible" / "roles" / "specdeploy" / "tasks"
 
 
 def _role_install_argv(venv: Path, wheelhouse: Path) -> list[str]:
     """The role's install task's argv with this host's paths (its only two variables)."""
-    (task,) = [t for t in yaml.safe_load(ROLE.read_text()) if t["name"].startswith("Install specdeploy and its")]
+    tasks = [t for f in sorted(ROLE_TASKS.glob("*.yml")) for t in yaml.safe_load(f.read_text()) or []]
+    (task,) = [t for t in tasks if t.get("name", "").startswith("Install specdeploy and its")]
     values = {"specdeploy_facts.install.venv": str(venv), "specdeploy_facts.install.wheelhouse": str(wheelhouse)}
     argv = []
     for word in task["ansible.builtin.command"]["argv"]:
