@@ -14,4 +14,6 @@ echo "== ruff"
 ruff check python tests benchmarks
 ruff format --check python tests benchmarks
 echo "== pytest"
-exec python -m pytest tests "$@"
+# Two workers: the integration tests wait mostly on engines, deploys and SSH, not on the CPU;
+# one runs the test network's modules, the other the rest (tests/integration/conftest.py NETWORK).
+exec python -m pytest tests -n 2 --dist loadgroup "$@"

@@ -1,4 +1,6 @@
-"""Fixtures every test may use: an isolated lock, the CLI runner, the common profiles.
+"""Fixtures every test may use: an isolated lock, the CLI runner, the common profiles; and the
+bad-input suite's figures, summed from the cases' reports (here, because only this conftest is
+loaded where reports arrive when the suite runs on several workers: scripts/test.sh).
 Helpers (plain functions) live in tests/support; nothing is imported from here."""
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support import BADINPUT_FIGURES
 from typer.testing import CliRunner
 
 from specdeploy.cli import app
@@ -40,3 +43,29 @@ def dflash_profile() -> Profile:
 @pytest.fixture
 def a6000() -> Profile:
     return load_profile("a6000-dflash")
+
+
+# The bad-input figures per command, summed from each case's report: README "Bad input".
+FIGURES: dict[str, dict[str, int]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "teardown":
+        return
+    for name, value in report.user_properties:
+        if name == BADINPUT_FIGURES:
+            for command, figures in value.items():
+                total = FIGURES.setdefault(command, {"tried": 0, "clear": 0, "unchanged": 0})
+                for key, count in figures.items():
+                    total[key] += count
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The figures, per command, after a run of the suite (README "Bad input")."""
+    if not FIGURES:
+        return
+    terminalreporter.section("bad-input figures: cases tried / answered clearly / nothing changed where checked")
+    for command, figures in sorted(FIGURES.items()):
+        terminalreporter.write_line(f"{command:24} {figures['tried']:4} {figures['clear']:4} {figures['unchanged']:4}")
+    total = {key: sum(f[key] for f in FIGURES.values()) for key in ("tried", "clear", "unchanged")}
+    terminalreporter.write_line(f"{'all commands':24} {total['tried']:4} {total['clear']:4} {total['unchanged']:4}")

@@ -16,11 +16,12 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tests.support import BADINPUT_FIGURES
 from typer.testing import CliRunner
 
 from specdeploy.cli import app
@@ -64,15 +65,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(60))
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The figures, per command, after a run of the suite (README "Bad input")."""
-    if not FIGURES:
-        return
-    terminalreporter.section("bad-input figures: cases tried / answered clearly / nothing changed where checked")
-    for command, figures in sorted(FIGURES.items()):
-        terminalreporter.write_line(f"{command:24} {figures['tried']:4} {figures['clear']:4} {figures['unchanged']:4}")
-    total = {key: sum(f[key] for f in FIGURES.values()) for key in ("tried", "clear", "unchanged")}
-    terminalreporter.write_line(f"{'all commands':24} {total['tried']:4} {total['clear']:4} {total['unchanged']:4}")
+@pytest.fixture(autouse=True)
+def _figures(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each case's figures travel in its report (tests/conftest.py sums and prints them), so the
+    table is whole when the suite runs on several workers (scripts/test.sh)."""
+    FIGURES.clear()
+    yield
+    request.node.user_properties.append((BADINPUT_FIGURES, {c: dict(f) for c, f in FIGURES.items()}))
+    FIGURES.clear()
 
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -33,7 +33,6 @@ Traffic stays on the test hosts' own network and the controller's loopback.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -55,19 +54,16 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.podman,
     pytest.mark.hub,
-    # Issue 23 in progress: the chain has not yet passed end to end (its front, OLD behind it, plan and an
-    # interrupted prepare have; README "What is verified where"), and it adds ~20 minutes to a suite already
-    # over its budget (docs/benchmarks.md). Run it with SPECDEPLOY_MIGRATION_CHAIN=1 until both are mended.
-    pytest.mark.skipif(
-        os.environ.get("SPECDEPLOY_MIGRATION_CHAIN") != "1",
-        reason="issue 23 in progress: run with SPECDEPLOY_MIGRATION_CHAIN=1 (not yet passing end to end)",
-    ),
 ]
 OLD_IP = container_rig.HOST_IP
 NEW_NAME = migration.NEW_NAME
 CLI = layout.InstallLayout().to_json()["cli"]
 BIN = Path(sys.executable).parent
-LOAD_REQUESTS = 16
+LOAD_REQUESTS = 24
+# Four streams at a time, each 448 tokens long (the profile's max_model_len is 512): at ~270 tok/s
+# alone, seconds each with four sharing the engine, so a host drained a moment after the other was
+# enabled still has streams in flight (at two, 300 tokens, one rollback found none left on NEW).
+LOAD_IN_FLIGHT, LOAD_TOKENS = 4, 448
 OTHER_IMAGE = "localhost/specdeploy-test/vllm-other:0.31"
 
 
@@ -101,8 +97,8 @@ class Site(migration.Move):
                 api_key=API_KEY,
                 model=profile.engine.serve.served_model_name or profile.target.repo,
                 total=total,
-                in_flight=2,
-                max_tokens=300,
+                in_flight=LOAD_IN_FLIGHT,
+                max_tokens=LOAD_TOKENS,
                 timeout_s=300,
                 ca_file=str(self.pem),
             )  # fmt: skip
@@ -244,12 +240,17 @@ def test_a_rolling_deploy_of_both_hosts_through_the_front_fails_no_request(site:
     pinned = load_profile(site.rig.profiles / f"{PROFILE}.yaml")
     changed = variants.derive(pinned, PROFILE, {"engine": {"env": {"VLLM_LOGGING_LEVEL": "INFO"}}})
     profiles = variants.materialize(changed, tmp_path / "profiles").parent
-    with site.load(total=LOAD_REQUESTS * 3) as running:
+    # the load lasts as long as the play (bounded: it stops when the play ends), so both engines are
+    # replaced while streams go through the front
+    with site.load(total=100_000) as running:
         assert running.wait_sent(3, 120)
         run = site.play(f"{site.old.name},{site.new.name}", "-e", f"specdeploy_profiles_src={profiles}")
-        result = running.finish(900)
+        result = running.stop()
     assert run.returncode == 0, run.stdout[-5000:]
-    assert result.failed == 0, result.to_json()
+    assert result.failed == 0 and result.sent >= LOAD_REQUESTS, result.to_json()
+    assert (result.min_in_flight_while_running or 0) >= 2
+    servers = site.front_status()
+    assert servers[site.old.name]["state"] == servers[site.new.name]["state"] == "ready", servers
 
 
 def test_finish_stops_old_after_the_soak_and_keeps_its_weights_and_state(site: Site) -> None:

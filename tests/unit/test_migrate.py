@@ -127,6 +127,30 @@ def test_the_record_round_trips_and_steps_need_their_predecessors(tmp_path: Path
     assert again == rec and record.load(tmp_path, "old-host", "other") is None
 
 
+def test_every_run_of_a_step_keeps_its_time_and_what_it_measured(cli: Any, tmp_path: Path) -> None:
+    """docs/benchmarks.md's migration figures come from here: each run's seconds, the bytes a
+    prepare copied, a cutover's move time and the requests the front saw fail; a resumed step shows
+    both runs."""
+    rec = record.MigrationRecord(old="old-host", new="new-host", profile="cpu-rehearsal-container")
+    rec.start("prepare")
+    rec.end("prepare", False, "interrupted", {"hint": "run it again"})
+    rec.start("prepare")
+    rec.end("prepare", True, "prepared", {"seed": {"bytes_copied": 4096, "copied": 2}})
+    rec.start("cutover")
+    rec.end("cutover", True, "moved", {"duration_s": 3.25, "failed_requests_at_front": 0})
+    runs = rec.runs()
+    assert [(r["step"], r["event"]) for r in runs] == [("prepare", "failed"), ("prepare", "done"), ("cutover", "done")]
+    assert all(isinstance(r["seconds"], float) and r["seconds"] >= 0 for r in runs)
+    assert "bytes_copied" not in runs[0] and runs[1]["bytes_copied"] == 4096
+    assert (runs[2]["move_s"], runs[2]["failed_requests"]) == (3.25, 0)
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text("")
+    record.save(tmp_path, rec)
+    shown = cli("migrate", "show", "--from", "old-host", "--to", "new-host", "--inventory", inventory)
+    assert shown.exit_code == 0, shown.output
+    assert "every run" in shown.output and "4096" in shown.output and "3.25" in shown.output
+
+
 def test_a_damaged_record_names_the_field_and_stops_every_step(tmp_path: Path) -> None:
     where = record.path(tmp_path, "a", "b")
     where.parent.mkdir(parents=True)

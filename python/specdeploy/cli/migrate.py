@@ -223,6 +223,13 @@ def show(old: FromOpt, new: ToOpt, inventory: InventoryOpt, as_json: base.JsonOp
             t.add_row(*output.cells(name, found.status if found else "not run", found.finished_at if found else "",
                                     found.summary if found else ""))  # fmt: skip
         output.out.print(t)
+        runs = Table("step", "status", "seconds", "bytes copied", "move s", "failed requests", title="every run")
+        for event in rec.runs():
+            t_cells = [
+                event.get(k, "") for k in ("step", "event", "seconds", "bytes_copied", "move_s", "failed_requests")
+            ]
+            runs.add_row(*output.cells(*t_cells))
+        output.out.print(runs)
 
     output.emit(rec.model_dump(mode="json"), as_json, table)
 

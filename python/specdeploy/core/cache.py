@@ -10,8 +10,12 @@ from, never a traceback from the `mkdir` of whichever step first needed the cach
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
+
+from filelock import FileLock
 
 from specdeploy.core.errors import SpecdeployError
 
@@ -53,3 +57,15 @@ def cache_dir() -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise CacheDirError(f"{origin} {path} is not writable by this user", hint=hint)
     return path
+
+
+@contextlib.contextmanager
+def exclusive(name: str) -> Iterator[None]:
+    """Hold the cache's lock `name` while building something every run on the machine shares (a
+    wheelhouse, a host image, olah's venv): a second run — the test suite's other worker, a
+    rehearsal started beside it — waits for the first and then finds it built, instead of
+    building the same thing into the same place at once."""
+    locks = cache_dir() / "locks"
+    locks.mkdir(exist_ok=True)
+    with FileLock(locks / f"{name}.lock"):
+        yield

@@ -48,7 +48,24 @@ class RecordError(SpecdeployError):
 
 
 def now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def figures(step: str, details: dict[str, Any]) -> dict[str, Any]:
+    """What a run of `step` measured, kept in the history (docs/benchmarks.md reads them): the bytes
+    a prepare copied, a cutover's or rollback's duration and the requests the front saw fail."""
+    found: dict[str, Any] = {}
+    seed = details.get("seed")
+    if isinstance(seed, dict) and "bytes_copied" in seed:
+        found["bytes_copied"] = seed["bytes_copied"]
+    if step in ("cutover", "rollback") and "duration_s" in details:
+        found["move_s"] = details["duration_s"]
+        found["failed_requests"] = details.get("failed_requests_at_front")
+    return found
+
+
+def seconds_between(start: str, end: str) -> float:
+    return round((dt.datetime.fromisoformat(end) - dt.datetime.fromisoformat(start)).total_seconds(), 1)
 
 
 class StepRecord(BaseModel):
@@ -106,7 +123,20 @@ class MigrationRecord(BaseModel):
         record.finished_at = now()
         record.summary = summary
         record.details = details or {}
-        self.history.append({"step": step, "event": record.status, "at": record.finished_at, "summary": summary})
+        self.history.append(
+            {
+                "step": step,
+                "event": record.status,
+                "at": record.finished_at,
+                "summary": summary,
+                "seconds": seconds_between(record.started_at, record.finished_at),
+                **figures(step, record.details),
+            }
+        )
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every finished run of a step, in order (a step resumed or repeated shows each time)."""
+        return [event for event in self.history if event["event"] in ("done", "failed")]
 
 
 def check_host_name(name: str, option: str) -> str:

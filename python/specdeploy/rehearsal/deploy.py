@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from specdeploy.core import envlock, layout
-from specdeploy.core.cache import cache_dir
+from specdeploy.core.cache import cache_dir, exclusive
 from specdeploy.core.errors import ProgramError, SpecdeployError
 from specdeploy.gate.run import REPORT, new_run_id
 from specdeploy.profile import Profile, load_profile
@@ -93,6 +93,11 @@ def wheelhouse(*profiles: str) -> Path:
     locks = sorted((root / envlock.LOCKS).glob("*.txt"))  # a refreshed lock is a new wheelhouse
     inputs = b"".join(p.read_bytes() for p in [root / "pyproject.toml", root / "scripts" / "wheelhouse.sh", *locks])
     dest = cache_dir() / f"wheelhouse-{hashlib.sha256(inputs).hexdigest()[:12]}"
+    with exclusive(dest.name):  # another run on this machine may be filling it now
+        return _fill_wheelhouse(dest, root, profiles)
+
+
+def _fill_wheelhouse(dest: Path, root: Path, profiles: tuple[str, ...]) -> Path:
     env = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
     script = ["bash", str(root / "scripts" / "wheelhouse.sh"), str(dest)]
     for name in profiles or ("cpu-rehearsal",):

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdeploy.core.cache import cache_dir
+from specdeploy.core.cache import cache_dir, exclusive
 
 # Debian's podman here needs runc and cgroupfs (crun refuses the hybrid cgroup layout).
 PODMAN = "podman --runtime runc --cgroup-manager=cgroupfs"
@@ -38,6 +38,13 @@ def debootstrap_image(suite: str, packages: tuple[str, ...], name: str) -> str:
     if image_exists(image):
         return image
     archive = cache_dir() / "images" / f"{name.rsplit('/', 1)[-1]}-{suite}-{key}.tar"
+    with exclusive(archive.stem):  # another run on this machine may be building it now
+        if not image_exists(image):
+            _import_debootstrapped(archive, image, suite, packages)
+    return image
+
+
+def _import_debootstrapped(archive: Path, image: str, suite: str, packages: tuple[str, ...]) -> None:
     if not archive.exists():
         archive.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=archive.parent) as tmp:
@@ -51,7 +58,6 @@ def debootstrap_image(suite: str, packages: tuple[str, ...], name: str) -> str:
             subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True)
             partial.rename(archive)
     subprocess.run(["podman", "import", str(archive), image], check=True, capture_output=True)
-    return image
 
 
 # Debian trixie: podman 5.4.2 (quadlet with health keys) and Python 3.13, as a GPU host on trixie.

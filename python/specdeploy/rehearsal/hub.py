@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 
 from specdeploy.core import envlock
-from specdeploy.core.cache import cache_dir
+from specdeploy.core.cache import cache_dir, exclusive
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import archive, gating, hosts, variants
@@ -180,6 +180,12 @@ def olah_cli() -> Path:
     wheels = olah_wheels()
     venv = cache_dir() / f"olah-{OLAH_VERSION}-{wheels.name.rsplit('-', 1)[-1]}"
     cli = venv / "bin" / "olah-cli"
+    with exclusive(venv.name):  # another run on this machine may be installing it now
+        _install_olah(venv, wheels)
+    return cli
+
+
+def _install_olah(venv: Path, wheels: Path) -> None:
     if not (venv / ".complete").exists():
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
         _pip_locked(
@@ -188,7 +194,6 @@ def olah_cli() -> Path:
             what=f"installing olah {OLAH_VERSION} into {venv}",
         )  # fmt: skip
         (venv / ".complete").touch()
-    return cli
 
 
 def _pip_locked(argv: list[str], *, what: str) -> None:
@@ -262,8 +267,14 @@ def olah_wheels() -> Path:
     beside them as requirements.lock: the hub's image is built without network."""
     lock_key = envlock.sha256(OLAH_LOCK)[:12]
     wheels = cache_dir() / f"olah-{OLAH_VERSION}-wheels-cp311-{WHEEL_PLATFORMS[0]}-{lock_key}"
+    with exclusive(wheels.name):  # another run on this machine may be downloading them now
+        _download_olah_wheels(wheels)
+    return wheels
+
+
+def _download_olah_wheels(wheels: Path) -> None:
     if (wheels / ".complete").exists():
-        return wheels
+        return
     tmp = Path(tempfile.mkdtemp(prefix=f".{wheels.name}-", dir=wheels.parent))
     try:
         _pip_locked(
@@ -280,7 +291,6 @@ def olah_wheels() -> Path:
         os.rename(tmp, wheels)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return wheels
 
 
 def hub_image() -> str:
