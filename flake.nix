@@ -11,6 +11,7 @@
       forAllSystems = f: nixpkgs.lib.genAttrs systems (system: f system nixpkgs.legacyPackages.${system});
       runtimeDeps = ps: with ps; [
         click
+        filelock
         ftfy
         httpx
         huggingface-hub

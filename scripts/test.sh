@@ -16,4 +16,7 @@ ruff format --check python tests benchmarks
 echo "== pytest"
 # Two workers: the integration tests wait mostly on engines, deploys and SSH, not on the CPU;
 # one runs the test network's modules, the other the rest (tests/integration/conftest.py NETWORK).
+# The workers are told the controller's terminal width (80 where the output is a log): the CLI's
+# tables the tests read get the width a log gets (python/specdeploy/cli/output.py), as without -n.
+export COLUMNS=${COLUMNS:-160}
 exec python -m pytest tests -n 2 --dist loadgroup "$@"
