@@ -15,7 +15,7 @@ ruff check python tests benchmarks
 ruff format --check python tests benchmarks
 echo "== pytest"
 # Two workers: the integration tests wait mostly on engines, deploys and SSH, not on the CPU;
-# one runs the test network's modules, the other the rest (tests/integration/conftest.py NETWORK).
+# one runs the test network's modules, the other the rest (tests/support/workers.py).
 # The workers are told the controller's terminal width (80 where the output is a log): the CLI's
 # tables the tests read get the width a log gets (python/specdeploy/cli/output.py), as without -n.
 export COLUMNS=${COLUMNS:-160}

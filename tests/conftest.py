@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support import BADINPUT_FIGURES
+from tests.support import BADINPUT_FIGURES, workers
 from typer.testing import CliRunner
 
 from specdeploy.cli import app
@@ -69,3 +69,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"{command:24} {figures['tried']:4} {figures['clear']:4} {figures['unchanged']:4}")
     total = {key: sum(f[key] for f in FIGURES.values()) for key in ("tried", "clear", "unchanged")}
     terminalreporter.write_line(f"{'all commands':24} {total['tried']:4} {total['clear']:4} {total['unchanged']:4}")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`-n 2 --dist loadgroup` (scripts/test.sh): the tests that share a host, a service or a port
+    on one worker, in order (tests/support/workers.py says which and why)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return workers.group(nodeid)
+
+    return ByGroup(config, log)

@@ -21,27 +21,15 @@ from specdeploy.rehearsal import archive, deploy, launcher, proof, stacks
 FOLLOWERS = {"test_deploy_rehearsal.py": "test_watch_rehearsal.py", "test_container_rehearsal.py": "test_migration.py"}
 
 
-# The modules on the test network's shared services (the gated hub, the site registry) and its
-# container hosts. scripts/test.sh runs the suite on two workers (pytest-xdist, --dist loadgroup):
-# these run on one, in order; every other integration module on the other (the vLLM-CPU stacks
-# on fixed ports, the venv rehearsal host, the trixie host); unit tests wherever a worker is free.
-NETWORK = {"test_container_rehearsal.py", "test_migration.py", "test_registry.py", "test_gated_hub.py"}
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run each follower's tests right after its leader's: test_watch_rehearsal.py after
     test_deploy_rehearsal.py (the rehearsal host, left quiet for the rest of the session),
     test_migration.py after test_container_rehearsal.py (the container host's deployment is the
-    migration's OLD). Every other test keeps its place. Then put each integration test in its
-    worker's group (NETWORK)."""
+    migration's OLD). Every other test keeps its place (and each group of tests/support/workers.py
+    runs in this order on its worker)."""
 
     def name(item: pytest.Item) -> str:
         return Path(str(item.fspath)).name
-
-    here = Path(__file__).parent
-    for item in items:
-        if Path(str(item.fspath)).parent == here:
-            item.add_marker(pytest.mark.xdist_group("test-network" if name(item) in NETWORK else "engines"))
 
     for leader, follower in FOLLOWERS.items():
         following = [item for item in items if name(item) == follower]
