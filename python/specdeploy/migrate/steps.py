@@ -68,6 +68,7 @@ class Migration:
     playbook_dir: Path | None = None
     progress: Callable[[str], None] = lambda message: None
     _connections: dict[str, Any] = field(default_factory=dict)
+    _layouts: dict[str, layout.HostLayout] = field(default_factory=dict)
 
     @property
     def lock_path(self) -> Path:
@@ -84,8 +85,11 @@ class Migration:
         return self._connections[host.name]
 
     def layout(self, host: HostAccess) -> layout.HostLayout:
-        variables = host_vars(self.inventory, host.name, vault_password_file=self.vault_password_file)
-        return layout.HostLayout.of(**{root: variables.get(var) for root, var in PATH_VARS.items()})
+        """The host's state layout from its inventory variables (read once a step: ansible-inventory)."""
+        if host.name not in self._layouts:
+            variables = host_vars(self.inventory, host.name, vault_password_file=self.vault_password_file)
+            self._layouts[host.name] = layout.HostLayout.of(**{r: variables.get(v) for r, v in PATH_VARS.items()})
+        return self._layouts[host.name]
 
     def close(self) -> None:
         for connection in self._connections.values():
