@@ -296,3 +296,16 @@ def test_the_refusal_and_the_gate_name_the_same_stages() -> None:
     play = engine_play()
     gate_tags = dict(_play_stages())["smoke_gate"]
     assert sorted(play["vars"]["specdeploy_gate_tags"]) == sorted(gate_tags)
+
+
+def test_a_deploys_restart_starts_the_engines_start_limit_count_afresh_first() -> None:
+    """The unit's StartLimitBurst (3 starts an hour on a container host) is for crash loops: a deploy's
+    own restart resets the count first, or the fourth deploy within the hour found its engine refused
+    to start (start-limit-hit, 0 automatic restarts; seen in the migration chain's rolling deploy)."""
+    import yaml
+
+    handlers = yaml.safe_load((ROOT / "ansible" / "roles" / "engine" / "handlers" / "main.yml").read_text())
+    on_restart = [h for h in handlers if "Restart the engine" in (h["name"], h.get("listen"))]
+    first, restart = on_restart[0], next(h for h in on_restart if h["name"] == "Restart the engine")
+    assert first["ansible.builtin.command"]["argv"] == ["systemctl", "reset-failed", "{{ specdeploy_facts.unit.name }}"]
+    assert handlers.index(first) < handlers.index(restart)
