@@ -234,6 +234,8 @@ def test_cutover_and_rollback_under_load_fail_no_request(site: Site) -> None:
     assert site.record()["traffic_on"] == "new"
 
 
+# two deploys one after the other, each with its gate, under the load: ~15 min on a loaded 2-core VM
+@pytest.mark.timeout(2400)
 def test_a_rolling_deploy_of_both_hosts_through_the_front_fails_no_request(site: Site, tmp_path: Path) -> None:
     """An upgrade of both hosts (an engine environment variable added: each engine restarts), one at
     a time: each is drained from the front before its engine is replaced and put back after its gate."""
