@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,14 +55,21 @@ class HostAccess:
         }
 
 
-def _ansible_inventory() -> str:
-    found = shutil.which("ansible-inventory")
+def ansible_program(name: str, *, why: str) -> str:
+    """An ansible-core program (ansible-inventory, ansible-playbook): the one on PATH, else the one
+    beside this Python (the venv's bin, when specdeploy runs from it without it on PATH); a clear
+    ProgramError naming `why` it is needed when neither exists."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if found is None:
         raise ProgramError(
-            "ansible-inventory is not on PATH: the inventory's connection settings cannot be read",
-            hint="run from the project's venv (bash scripts/setup.sh prints its path)",
+            f"{name} is not on PATH nor beside {sys.executable}: {why}",
+            hint="run from the project's venv (bash scripts/setup.sh prints its path), or install ansible-core",
         )
     return found
+
+
+def _ansible_inventory() -> str:
+    return ansible_program("ansible-inventory", why="the inventory's connection settings cannot be read")
 
 
 def host_vars(inventory: Path, name: str, *, vault_password_file: Path | None = None) -> dict[str, Any]:

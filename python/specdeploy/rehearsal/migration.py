@@ -228,11 +228,12 @@ def main_job_move(*, requests: int = 12) -> list[dict[str, Any]]:
     profiles = state / "profiles"
     for limit in (front.name, old.name):
         argv = [
-            "ansible-playbook", "deploy.yml", "-i", str(inventory), "-l", limit, "--vault-password-file",
+            str(deploy.ansible_program("ansible-playbook")), "deploy.yml", "-i", str(inventory), "-l", limit,
+            "--vault-password-file",
             str(vault.password_file), "-e", f"specdeploy_profile={deploy.PROFILE}",
             "-e", f"specdeploy_profiles_src={profiles}", *move.deploy_args,
         ]  # fmt: skip
-        print(f"$ {' '.join(argv[:5])} ...", file=sys.stderr)
+        print(f"$ ansible-playbook {' '.join(argv[1:5])} ...", file=sys.stderr)
         if deploy.run_playbook(argv, capture=False).returncode != 0:
             raise SpecdeployError(f"deploy.yml -l {limit} failed: nothing was moved", hint="see its output above")
     profile = load_profile(profiles / f"{deploy.PROFILE}.yaml")
