@@ -312,17 +312,13 @@ def test_a_file_that_cannot_be_written_on_new_stops_the_seed_with_the_files_done
     assert [f["action"] for f in again.files] == ["already verified", "copied"]
 
 
-def test_ansible_programs_are_found_beside_this_python_without_path_and_a_missing_one_is_named(
+def test_ansible_programs_are_found_beside_this_python_without_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`specdeploy migrate` run as .venv/bin/specdeploy, the venv not on PATH (as `rehearsal migrate`
-    was first run): ansible-playbook is the venv's own; a program nowhere is a clear error."""
-    from specdeploy.core.errors import SpecdeployError
+    was first run): ansible-playbook is the venv's own."""
     from specdeploy.migrate.hosts import ansible_program
 
     monkeypatch.setenv("PATH", "/nonexistent")
     found = ansible_program("ansible-playbook", why="NEW cannot be deployed")
     assert Path(found).parent == Path(sys.executable).parent
-    with pytest.raises(SpecdeployError) as caught:
-        ansible_program("ansible-made-up", why="NEW cannot be deployed")
-    assert "ansible-made-up is not on PATH" in caught.value.message and "NEW cannot be deployed" in caught.value.message
