@@ -21,9 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from specdeploy.migrate.record import MigrationRecord
-
-COLUMNS = ("seconds", "bytes_copied", "move_s", "failed_requests")
+from specdeploy.migrate.record import RUN_FIELDS, MigrationRecord
 
 
 def main() -> None:
@@ -33,9 +31,9 @@ def main() -> None:
     args = parser.parse_args()
     rec = MigrationRecord.model_validate_json(args.record.read_text())
     runs = rec.runs()
-    table = Table("step", "status", *COLUMNS, title=f"migration {rec.old} -> {rec.new} ({rec.profile})")
+    table = Table(*RUN_FIELDS, title=f"migration {rec.old} -> {rec.new} ({rec.profile})")
     for run in runs:
-        table.add_row(run["step"], run["event"], *(str(run.get(c, "")) for c in COLUMNS))
+        table.add_row(*(str(run.get(field, "")) for field in RUN_FIELDS))
     moves = [r for r in runs if "move_s" in r]
     totals = {
         "steps_run": len(runs),

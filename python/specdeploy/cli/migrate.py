@@ -225,10 +225,7 @@ def show(old: FromOpt, new: ToOpt, inventory: InventoryOpt, as_json: base.JsonOp
         output.out.print(t)
         runs = Table("step", "status", "seconds", "bytes copied", "move s", "failed requests", title="every run")
         for event in rec.runs():
-            t_cells = [
-                event.get(k, "") for k in ("step", "event", "seconds", "bytes_copied", "move_s", "failed_requests")
-            ]
-            runs.add_row(*output.cells(*t_cells))
+            runs.add_row(*output.cells(*(event.get(k, "") for k in record.RUN_FIELDS)))
         output.out.print(runs)
 
     output.emit(rec.model_dump(mode="json"), as_json, table)

@@ -51,6 +51,10 @@ def now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
+# A run's fields as `migrate show` and benchmarks/migration.py print them, in their order.
+RUN_FIELDS = ("step", "event", "seconds", "bytes_copied", "move_s", "failed_requests")
+
+
 def figures(step: str, details: dict[str, Any]) -> dict[str, Any]:
     """What a run of `step` measured, kept in the history (docs/benchmarks.md reads them): the bytes
     a prepare copied, a cutover's or rollback's duration and the requests the front saw fail."""
