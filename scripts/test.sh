@@ -5,6 +5,12 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 bash scripts/system-deps.sh
+# Refuse at once, naming the filesystem, where the suite would run out of disk an hour in: the
+# cache (venv, wheelhouse, engine image), the tests' temporary files and podman's storage (the
+# test hosts and the images inside them). The figures are measured in docs/benchmarks.md.
+cache=${SPECDEPLOY_CACHE:-$HOME/.cache/specdeploy}
+PYTHONPATH=python python3 -m specdeploy.core.housekeeping space --what "the test suite" \
+  --warm-gib 14 --cold-gib 24 --cache "$cache" "${TMPDIR:-/tmp}" "$(podman info --format '{{.Store.GraphRoot}}')"
 venv=$(bash scripts/setup.sh | tail -n 1)
 export PATH="$venv/bin:$PATH"
 

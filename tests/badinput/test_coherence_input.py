@@ -60,4 +60,4 @@ def test_a_directory_or_a_missing_file_is_named(run: Run, tmp_path: Path) -> Non
 def test_a_fifo_is_refused_at_once_not_read_forever(run_process: Run, tmp_path: Path) -> None:
     fifo = tmp_path / "outputs.jsonl"
     os.mkfifo(fifo)
-    run_process("coherence", fifo, timeout=20).expect(2, "FIFO", fix="JSON-lines file file itself")
+    run_process("coherence", fifo).expect(2, "FIFO", fix="JSON-lines file file itself")

@@ -185,7 +185,7 @@ def test_a_config_json_that_is_a_fifo_is_refused_at_once(
     os.mkfifo(fifo_dir / "config.json")
     args: list[object] = ["verify-config", drafter, "--profile", profile_path]
     args = [*args[:1], fifo_dir, *args[2:]] if which == "drafter" else [*args, "--target", fifo_dir]
-    answer = run_process(*args, timeout=15)
+    answer = run_process(*args)
     answer.expect(2, str(fifo_dir / "config.json"), "FIFO", fix=DRAFTER_FIX if which == "drafter" else TARGET_FIX)
 
 
@@ -194,7 +194,7 @@ def test_a_9_mib_config_json_is_refused_without_being_parsed(
 ) -> None:
     entries = ",".join(['"full_attention"'] * 560_000)  # ~9.5 MB, over the 8 MiB ceiling
     drafter = download(tmp_path / "drafter", '{"layer_types": [' + entries + "]}")
-    answer = run_process("verify-config", drafter, "--profile", profile_path, timeout=15)
+    answer = run_process("verify-config", drafter, "--profile", profile_path)
     answer.expect(2, str(drafter / "config.json"), "over the 8.0 MiB", fix="right file")
 
 
@@ -203,7 +203,7 @@ def test_a_400k_entry_layer_types_fails_its_check_fast_and_is_shown_shortened(
 ) -> None:
     hostile = dict(good, layer_types=["full_attention"] * 400_000)  # ~7 MB: under the ceiling
     drafter = download(tmp_path / "drafter", json.dumps(hostile))
-    answer = run_process("verify-config", drafter, "--profile", profile_path, timeout=15)
+    answer = run_process("verify-config", drafter, "--profile", profile_path)
     answer.expect(1, "layer_types", "(400000", "entries", fix="layer_types: use the drafter's own config.json at the")
     assert len(answer.text) < 50_000, f"the report printed {len(answer.text)} characters"
 
@@ -457,9 +457,7 @@ def test_a_source_config_json_that_is_a_fifo_is_refused_at_once(
     source.mkdir(parents=True)
     os.mkfifo(source / "config.json")
     write(source / "model.safetensors", b"weights")
-    answer = run_process(
-        "write-config", serving, "--profile", profile_path, "--source", source, "--lock", lock, timeout=15
-    )
+    answer = run_process("write-config", serving, "--profile", profile_path, "--source", source, "--lock", lock)
     assert not (tmp_path / "serving").exists() and not lock.exists()
     answer.expect(2, str(source / "config.json"), "FIFO", fix=DRAFTER_FIX)
 

@@ -189,7 +189,7 @@ def test_an_nvidia_smi_that_hangs_is_reported_after_the_timeout(
     run_process: Run, preflight: Callable[..., tuple[object, ...]], tmp_path: Path
 ) -> None:
     smi = script(tmp_path / "nvidia-smi", "sleep 30\n")
-    answer = run_process(*preflight(smi), env=FAST_PROGRAM, timeout=15)
+    answer = run_process(*preflight(smi), env=FAST_PROGRAM)
     answer.expect(1, "nvidia-smi -q did not finish within 1 s", fix="dmesg")
 
 
@@ -198,7 +198,7 @@ def test_an_nvidia_smi_whose_child_keeps_the_output_open_is_stopped_at_the_deadl
 ) -> None:
     """The shell exits, its `sleep` keeps stdout open: waiting for the end of output never ended."""
     smi = script(tmp_path / "nvidia-smi", "sleep 30 &\necho 'Driver Version : 535.54.03'\nexit 0\n")
-    answer = run_process(*preflight(smi), env=FAST_PROGRAM, timeout=15)
+    answer = run_process(*preflight(smi), env=FAST_PROGRAM)
     answer.expect(1, "did not finish within 1 s", fix="--timeout")
 
 
@@ -247,7 +247,7 @@ def test_an_nvidia_smi_printing_without_end_is_stopped(
     run_process: Run, preflight: Callable[..., tuple[object, ...]], tmp_path: Path
 ) -> None:
     smi = script(tmp_path / "nvidia-smi", "exec yes 'Attached GPUs : 2'\n")
-    run_process(*preflight(smi), env=FAST_PROGRAM, timeout=15).expect(1, "printed more than 16 MiB", fix="--nvidia-smi")
+    run_process(*preflight(smi), env=FAST_PROGRAM).expect(1, "printed more than 16 MiB", fix="--nvidia-smi")
 
 
 def test_the_nvlink_check_on_one_gpu_says_there_is_nothing_to_check_not_ok(
@@ -308,7 +308,7 @@ def test_a_token_file_that_is_a_fifo_is_refused_at_once(
     token = fifo(tmp_path / "token")
     token.chmod(0o600)
     smi = recorded_smi(tmp_path, "a6000-x4-r515")
-    answer = run_process(*preflight(smi, "--token-file", token), timeout=15)
+    answer = run_process(*preflight(smi, "--token-file", token))
     answer.expect(2, "token file", "FIFO", fix="--token-file")
 
 
@@ -354,7 +354,7 @@ def test_an_unreachable_endpoint_fails_in_seconds_naming_it(
 ) -> None:
     """D3: a refused connection was retried for 24 s and then ended in a traceback."""
     before = snapshot(tmp_path)
-    answer = run_process(*fetch_argv(tmp_path / "models", pinned, refused, tmp_path), env=FAST_FETCH, timeout=15)
+    answer = run_process(*fetch_argv(tmp_path / "models", pinned, refused, tmp_path), env=FAST_FETCH)
     answer.expect(1, refused, "unreachable", "connection refused", "nothing was downloaded", fix="check the endpoint")
     before.unchanged()  # not even the destination directory is left behind
 
@@ -363,7 +363,7 @@ def test_an_endpoint_that_never_answers_fails_after_the_timeout(
     run_process: Run, pinned: Path, silent: str, tmp_path: Path
 ) -> None:
     """D3: huggingface_hub's client has no timeout: a silent server held the fetch forever."""
-    answer = run_process(*fetch_argv(tmp_path / "models", pinned, silent, tmp_path), env=FAST_FETCH, timeout=15)
+    answer = run_process(*fetch_argv(tmp_path / "models", pinned, silent, tmp_path), env=FAST_FETCH)
     answer.expect(1, silent, "did not answer", "no answer within 1 s", fix="--timeout")
 
 
@@ -371,7 +371,7 @@ def test_an_endpoint_answering_http_500_fails_naming_the_status_and_the_body(
     run_process: Run, pinned: Path, hub: Callable[[str], str], tmp_path: Path
 ) -> None:
     url = hub("failing")
-    answer = run_process(*fetch_argv(tmp_path / "models", pinned, url, tmp_path), env=FAST_FETCH, timeout=15)
+    answer = run_process(*fetch_argv(tmp_path / "models", pinned, url, tmp_path), env=FAST_FETCH)
     answer.expect(1, url, "HTTP 500", "upstream connect error", fix="check its logs")
 
 
@@ -432,7 +432,7 @@ def test_a_destination_that_cannot_be_written_is_refused_before_any_download(
 ) -> None:
     """D3: a read-only destination ended in a traceback (after the network was tried)."""
     dest = _read_only_destination(tmp_path)
-    answer = run_process(*fetch_argv(dest, pinned, refused, tmp_path), env=FAST_FETCH, timeout=15)
+    answer = run_process(*fetch_argv(dest, pinned, refused, tmp_path), env=FAST_FETCH)
     answer.expect(1, f"destination {dest} is not writable", "nothing was fetched", fix="writable filesystem")
     assert not dest.exists()
 
@@ -444,7 +444,7 @@ def test_a_destination_that_is_a_file_is_a_usage_error_and_the_file_is_untouched
     models = write(tmp_path / "models", "not a directory\n")
     before = snapshot(tmp_path)
     dest = models / "sub" if under else models
-    answer = run_process(*fetch_argv(dest, pinned, refused, tmp_path), env=FAST_FETCH, timeout=15)
+    answer = run_process(*fetch_argv(dest, pinned, refused, tmp_path), env=FAST_FETCH)
     answer.expect(2, f"destination {dest}", "expected a directory", fix="pass DEST the directory")
     before.unchanged()
 
@@ -471,7 +471,7 @@ def test_a_token_file_that_is_missing_or_holds_no_token_is_refused_before_the_ne
     token = make(tmp_path / "hf-token")
     before = snapshot(tmp_path)
     argv = fetch_argv(tmp_path / "models", pinned, refused, tmp_path, "--token-file", token)
-    run_process(*argv, env=FAST_FETCH, timeout=15).expect(2, f"token file {token}", *names, fix="token")
+    run_process(*argv, env=FAST_FETCH).expect(2, f"token file {token}", *names, fix="token")
     before.unchanged()
 
 
@@ -481,7 +481,7 @@ def test_a_token_file_that_is_a_fifo_is_refused_without_blocking(
     token = fifo(tmp_path / "hf-token")
     token.chmod(0o600)
     argv = fetch_argv(tmp_path / "models", pinned, refused, tmp_path, "--token-file", token)
-    run_process(*argv, env=FAST_FETCH, timeout=15).expect(2, "token file", "FIFO", fix="--token-file")
+    run_process(*argv, env=FAST_FETCH).expect(2, "token file", "FIFO", fix="--token-file")
 
 
 def test_a_token_on_stdin_that_is_two_words_is_refused_without_showing_it(
@@ -745,7 +745,7 @@ def test_a_gate_report_that_is_a_fifo_is_refused_without_blocking(
 ) -> None:
     gate = fifo(served_before["state"] / "runs" / "run-2" / "gate.json")
     before = snapshot(served_before["root"])
-    run_process(*prune_argv(served_before), timeout=15).expect(2, str(gate), "FIFO", fix=PRUNE_FIX)
+    run_process(*prune_argv(served_before)).expect(2, str(gate), "FIFO", fix=PRUNE_FIX)
     before.unchanged()
 
 
@@ -782,7 +782,7 @@ def test_cdi_status_with_a_stamp_that_is_a_fifo_is_refused_without_blocking(
 ) -> None:
     stamp = fifo(cdi_host["state"] / "cdi.json")
     before = snapshot(cdi_host["root"])
-    run_process(*cdi_argv("status", cdi_host), timeout=15).expect(2, str(stamp), "FIFO", fix=f"remove {stamp}")
+    run_process(*cdi_argv("status", cdi_host)).expect(2, str(stamp), "FIFO", fix=f"remove {stamp}")
     before.unchanged()
 
 
@@ -790,7 +790,7 @@ def test_cdi_status_with_an_nvidia_smi_that_hangs_is_an_error_after_the_timeout(
     run_process: Run, cdi_host: dict[str, Path], tmp_path: Path
 ) -> None:
     smi = script(tmp_path / "hanging-smi", "sleep 30\n")
-    answer = run_process(*cdi_argv("status", cdi_host, smi=smi), env=FAST_PROGRAM, timeout=15)
+    answer = run_process(*cdi_argv("status", cdi_host, smi=smi), env=FAST_PROGRAM)
     answer.expect(1, "cannot read the driver version", "did not finish within 1 s", fix="dmesg")
 
 
@@ -863,7 +863,7 @@ def test_cdi_record_of_a_spec_that_is_a_fifo_is_refused_without_hashing_it(
 ) -> None:
     """Hashing a FIFO blocks until something writes to it: it must be refused by its type."""
     spec = fifo(cdi_host["root"] / "etc" / "cdi" / "nvidia-fifo.yaml")
-    answer = run_process(*cdi_argv("record", cdi_host, spec=spec, smi=untouchable_smi(tmp_path)), timeout=15)
+    answer = run_process(*cdi_argv("record", cdi_host, spec=spec, smi=untouchable_smi(tmp_path)))
     answer.expect(2, str(spec), "a FIFO (named pipe)", fix="nvidia-ctk cdi generate")
     assert not (tmp_path / "smi-ran").exists() and not (cdi_host["state"] / "cdi.json").exists()
 
@@ -906,6 +906,6 @@ def test_cdi_record_with_an_nvidia_smi_that_hangs_records_nothing_after_the_time
     run_process: Run, cdi_host: dict[str, Path], tmp_path: Path
 ) -> None:
     smi = script(tmp_path / "hanging-smi", "sleep 30\n")
-    answer = run_process(*cdi_argv("record", cdi_host, smi=smi), "--timeout", "1", timeout=15)
+    answer = run_process(*cdi_argv("record", cdi_host, smi=smi), "--timeout", "1")
     answer.expect(1, "cannot read the driver version", "did not finish within 1 s", fix="dmesg")
     assert not (cdi_host["state"] / "cdi.json").exists()

@@ -604,7 +604,7 @@ def test_startup_log_refuses_a_file_that_is_not_a_log(
 
 def test_startup_log_refuses_a_fifo_at_once_instead_of_blocking(run_process: Run, tmp_path: Path, dflash: Path) -> None:
     log = fifo(tmp_path / "engine.log")
-    run_process("startup-log", "--profile", dflash, "--file", log, timeout=20).expect(
+    run_process("startup-log", "--profile", dflash, "--file", log).expect(
         2, "engine log", str(log), "a FIFO", fix="pass a saved engine log"
     )
 

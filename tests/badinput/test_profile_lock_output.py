@@ -103,7 +103,7 @@ def test_a_key_written_twice_is_refused_naming_both_lines_not_loaded_as_the_last
 
 def test_an_alias_bomb_fails_fast_with_a_clear_message(run_process: Run, tmp_path: Path) -> None:
     path = profile_file(tmp_path, base_text() + alias_bomb())
-    answer = run_process("profile", "show", path, timeout=20)
+    answer = run_process("profile", "show", path)
     answer.expect(2, str(path), "expands to more than", "aliases", fix="write the values out")
 
 
@@ -173,7 +173,7 @@ def test_a_profile_that_is_a_directory_is_named_as_a_directory(run: Run, tmp_pat
 
 def test_a_profile_that_is_a_fifo_is_refused_at_once(run_process: Run, tmp_path: Path) -> None:
     path = fifo(tmp_path / "cpu-rehearsal.yaml")
-    run_process("profile", "show", path, timeout=20).expect(2, str(path), "FIFO", fix="profile")
+    run_process("profile", "show", path).expect(2, str(path), "FIFO", fix="profile")
 
 
 def test_an_empty_profile_file_says_it_is_empty(run: Run, tmp_path: Path) -> None:
@@ -243,13 +243,13 @@ def test_list_names_a_directory_called_yaml(run: Run, tmp_path: Path) -> None:
 
 def test_list_does_not_block_on_a_fifo_called_yaml(run_process: Run, tmp_path: Path) -> None:
     path = fifo(tmp_path / "zz-fifo.yaml")
-    answer = run_process("profile", "list", env={"SPECDEPLOY_PROFILES": str(tmp_path)}, timeout=20)
+    answer = run_process("profile", "list", env={"SPECDEPLOY_PROFILES": str(tmp_path)})
     answer.expect(2, str(path), "FIFO", fix="fix or remove")
 
 
 def test_list_does_not_spin_on_an_alias_bomb(run_process: Run, tmp_path: Path) -> None:
     path = profile_file(tmp_path, base_text() + alias_bomb())
-    answer = run_process("profile", "list", env={"SPECDEPLOY_PROFILES": str(tmp_path)}, timeout=20)
+    answer = run_process("profile", "list", env={"SPECDEPLOY_PROFILES": str(tmp_path)})
     answer.expect(2, str(path), "expands to more than", fix="fix or remove")
 
 
@@ -282,7 +282,7 @@ def test_facts_refuse_an_alias_that_contains_itself(run: Run, tmp_path: Path) ->
 
 def test_facts_do_not_block_on_a_fifo_profile(run_process: Run, tmp_path: Path) -> None:
     path = fifo(tmp_path / "cpu-rehearsal.yaml")
-    run_process("facts", "--profile", path, timeout=20).expect(2, str(path), "FIFO", fix="profile")
+    run_process("facts", "--profile", path).expect(2, str(path), "FIFO", fix="profile")
 
 
 def test_facts_refuse_a_profile_name_longer_than_a_file_name(run: Run) -> None:
@@ -413,7 +413,7 @@ def test_image_check_does_not_block_on_a_lock_that_is_a_fifo(
 ) -> None:
     lock = fifo(tmp_path / "specdeploy.lock")
     argv = ["image", "check", "img", "--profile", "cpu-rehearsal-container", "--lock", lock, "--podman", podman_stub]
-    run_process(*argv, timeout=20).expect(2, "lock file", str(lock), "FIFO", fix="--lock")
+    run_process(*argv).expect(2, "lock file", str(lock), "FIFO", fix="--lock")
 
 
 # --------------------------------------------------------------------------- tables show every value (D13)

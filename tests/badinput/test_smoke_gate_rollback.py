@@ -409,9 +409,9 @@ def test_a_golden_fifo_is_refused_at_once_not_read_forever(
     fifo = tmp_path / "golden.json"
     os.mkfifo(fifo)
     engine = Engine()
-    run_process(
-        "smoke", "--profile", "cpu-rehearsal", "--endpoint", serve(engine), "--golden", fifo, *FAST, timeout=20
-    ).expect(2, str(fifo), "FIFO", fix="recorded with `specdeploy smoke --record-golden PATH`")
+    run_process("smoke", "--profile", "cpu-rehearsal", "--endpoint", serve(engine), "--golden", fifo, *FAST).expect(
+        2, str(fifo), "FIFO", fix="recorded with `specdeploy smoke --record-golden PATH`"
+    )
     assert engine.seen == []
 
 
@@ -567,7 +567,7 @@ def test_a_startup_log_fifo_is_refused_at_once(run_process: Run, tmp_path: Path)
     state = tmp_path / "state"
     answer = run_process(
         "gate", "--profile", profile, "--state-dir", state, "--run-id", "r1", "--endpoint", CLOSED,
-        "--startup-log", fifo, timeout=20,
+        "--startup-log", fifo,
     )  # fmt: skip
     answer.expect(2, "startup log", str(fifo), "FIFO", fix="saved engine log")
     report = _report(state / "runs" / "r1" / "gate.json")
@@ -707,7 +707,7 @@ def test_restore_with_a_run_record_that_is_a_fifo_is_refused_at_once(
     record = host["state"] / "rollback" / "run.json"
     record.unlink()
     os.mkfifo(record)
-    run_process("rollback", "restore", "--run-id", "deploy-1", "--state-dir", host["state"], timeout=20).expect(
+    run_process("rollback", "restore", "--run-id", "deploy-1", "--state-dir", host["state"]).expect(
         2, "rollback run record", "FIFO", fix="move run.json aside"
     )
     assert (host["serving"] / "config.json").read_text() == '{"failed": "run"}\n'

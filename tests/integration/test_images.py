@@ -168,15 +168,22 @@ def test_image_ensure_builds_loads_an_archive_and_hands_over_a_digest_reference(
 
 
 def _source_stage(repo: Path, commit: str, merge_base: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Build the Containerfile's source stage from the fixture repo, and leave nothing behind: each
+    run's fixture commit is new, and its image (plus the layers a failed build cached) once stayed,
+    about 1 GB a run, until CI's disk filled (`--layers=false`: a failed build commits nothing)."""
+    tag = f"localhost/specdeploy-test/guard:{commit[:12]}"
     argv = [
-        *PODMAN.split(), "build", "--target", "source", "--file", str(ROOT / "Containerfile.vllm-pr40898"),
-        "--volume", f"{repo}:/fixture:ro", "--tag", f"localhost/specdeploy-test/guard:{commit[:12]}",
+        *PODMAN.split(), "build", "--layers=false", "--target", "source",
+        "--file", str(ROOT / "Containerfile.vllm-pr40898"), "--volume", f"{repo}:/fixture:ro", "--tag", tag,
         "--build-arg", f"BASE_IMAGE={build_base()}",
         "--build-arg", "VLLM_REPO=/fixture", "--build-arg", "VLLM_REF=refs/pull/40898/head",
         "--build-arg", f"VLLM_COMMIT={commit}", "--build-arg", f"VLLM_MERGE_BASE_COMMIT={merge_base}",
         "--build-arg", "BUILD_MODE=precompiled", str(ROOT),
     ]  # fmt: skip
-    return subprocess.run(argv, capture_output=True, text=True)
+    try:
+        return subprocess.run(argv, capture_output=True, text=True)
+    finally:
+        subprocess.run([*PODMAN.split(), "rmi", "--force", "--ignore", tag], capture_output=True)
 
 
 @pytest.mark.parametrize(("shifts", "passes"), [(1, True), (2, False)], ids=["pinned-tree", "shift-applied-twice"])

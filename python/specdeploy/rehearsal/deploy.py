@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import envlock, layout
+from specdeploy.core import envlock, housekeeping, layout
 from specdeploy.core.cache import cache_dir, exclusive
 from specdeploy.core.errors import ProgramError, SpecdeployError
 from specdeploy.gate.run import REPORT, new_run_id
@@ -94,7 +94,10 @@ def wheelhouse(*profiles: str) -> Path:
     inputs = b"".join(p.read_bytes() for p in [root / "pyproject.toml", root / "scripts" / "wheelhouse.sh", *locks])
     dest = cache_dir() / f"wheelhouse-{hashlib.sha256(inputs).hexdigest()[:12]}"
     with exclusive(dest.name):  # another run on this machine may be filling it now
-        return _fill_wheelhouse(dest, root, profiles)
+        filled = _fill_wheelhouse(dest, root, profiles)
+    housekeeping.mark_used(filled)
+    housekeeping.prune(filled.parent, "wheelhouse", filled.name)  # older pins' (~1.3 GB each)
+    return filled
 
 
 def _fill_wheelhouse(dest: Path, root: Path, profiles: tuple[str, ...]) -> Path:
