@@ -332,14 +332,20 @@ def test_rehearsal_deploy_without_podman_is_refused_before_anything_is_built(run
 def test_rehearsal_deploy_without_ansible_core_is_refused_before_anything_is_built(
     run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """specdeploy installed into a venv without the dev extra: ansible-playbook is not beside its Python."""
+    """specdeploy installed into a venv without the dev extra: ansible-playbook is not beside its
+    Python, nor on PATH."""
     bare = tmp_path / "venv" / "bin"
     write(bare / "python", "")
     podman = write(tmp_path / "bin" / "podman", f"#!/bin/sh\ntouch {tmp_path / 'podman-ran'}\nexit 1\n")
     podman.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(bare / "python"))
     run("rehearsal", "deploy", env={"PATH": str(podman.parent)}).expect(
-        2, str(bare / "ansible-playbook"), "missing or not executable", fix="scripts/setup.sh prints"
+        2,
+        "ansible-playbook is neither beside",
+        str(bare / "python"),
+        "nor on PATH",
+        "nothing was built or booted",
+        fix="scripts/setup.sh prints",
     )
     assert not (tmp_path / "podman-ran").exists()
 

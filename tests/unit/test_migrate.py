@@ -317,7 +317,7 @@ def test_ansible_programs_are_found_beside_this_python_without_path(
 ) -> None:
     """`specdeploy migrate` run as .venv/bin/specdeploy, the venv not on PATH (as `rehearsal migrate`
     was first run): ansible-playbook is the venv's own."""
-    from specdeploy.migrate.hosts import ansible_program
+    from specdeploy.core.programs import ansible_program
 
     monkeypatch.setenv("PATH", "/nonexistent")
     found = ansible_program("ansible-playbook", why="NEW cannot be deployed")

@@ -21,14 +21,13 @@ as the disposable test hosts do), and refused otherwise.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core.errors import ProgramError, SpecdeployError
+from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.programs import ansible_program
 
 
 class InventoryError(SpecdeployError):
@@ -55,21 +54,8 @@ class HostAccess:
         }
 
 
-def ansible_program(name: str, *, why: str) -> str:
-    """An ansible-core program (ansible-inventory, ansible-playbook): the one on PATH, else the one
-    beside this Python (the venv's bin, when specdeploy runs from it without it on PATH); a clear
-    ProgramError naming `why` it is needed when neither exists."""
-    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-    if found is None:
-        raise ProgramError(
-            f"{name} is not on PATH nor beside {sys.executable}: {why}",
-            hint="run from the project's venv (bash scripts/setup.sh prints its path), or install ansible-core",
-        )
-    return found
-
-
 def _ansible_inventory() -> str:
-    return ansible_program("ansible-inventory", why="the inventory's connection settings cannot be read")
+    return str(ansible_program("ansible-inventory", why="the inventory's connection settings cannot be read"))
 
 
 def host_vars(inventory: Path, name: str, *, vault_password_file: Path | None = None) -> dict[str, Any]:

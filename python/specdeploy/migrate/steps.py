@@ -33,9 +33,10 @@ from typing import Any
 
 from specdeploy.core import atomic, layout
 from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.programs import ansible_program
 from specdeploy.gate.run import new_run_id
 from specdeploy.migrate import compare, record, seed
-from specdeploy.migrate.hosts import HostAccess, ansible_program, connect, host_vars
+from specdeploy.migrate.hosts import HostAccess, connect, host_vars
 from specdeploy.profile import Profile, load_profile
 from specdeploy.profile.lock import Lock
 from specdeploy.weights.fetch import models_of
@@ -161,7 +162,7 @@ def revisions_served(profile: Profile, report: dict[str, Any], models: Path) -> 
 def _deploy(m: Migration, host: HostAccess, profile: Profile, profiles_dir: Path, extra: dict[str, str]) -> int:
     """`ansible-playbook deploy.yml -l HOST` with the site's arguments and OLD's profile copy."""
     playbook_dir = m.playbook_dir or Path(__file__).resolve().parents[3] / "ansible"
-    playbook = ansible_program("ansible-playbook", why=f"{host.name} cannot be deployed")
+    playbook = str(ansible_program("ansible-playbook", why=f"{host.name} cannot be deployed"))
     argv = [playbook, "deploy.yml", "-i", str(m.inventory), "-l", host.name]
     if m.vault_password_file is not None:
         argv += ["--vault-password-file", str(m.vault_password_file)]
@@ -390,7 +391,7 @@ def finish(m: Migration, rec: record.MigrationRecord, *, stop_old: bool) -> dict
     # decommission.yml drains OLD from the front and takes it out first (a fleet deploy since cutover
     # may have put it back in): an engine the front still sends to is never stopped
     playbook_dir = m.playbook_dir or Path(__file__).resolve().parents[3] / "ansible"
-    playbook = ansible_program("ansible-playbook", why=f"{m.old.name} cannot be decommissioned")
+    playbook = str(ansible_program("ansible-playbook", why=f"{m.old.name} cannot be decommissioned"))
     argv = [playbook, "decommission.yml", "-i", str(m.inventory), "-l", m.old.name]
     argv += ["-e", f"specdeploy_profile={profile.name}", "-e", f"specdeploy_profiles_src={m.workdir / 'profiles'}"]
     if m.vault_password_file is not None:

@@ -32,6 +32,7 @@ from typing import Any
 from specdeploy.core import envlock, housekeeping, layout
 from specdeploy.core.cache import cache_dir, exclusive
 from specdeploy.core.errors import ProgramError, SpecdeployError
+from specdeploy.core.programs import ansible_program
 from specdeploy.gate.run import REPORT, new_run_id
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rehearsal import hosts, variants
@@ -58,11 +59,6 @@ def checkout() -> Path:
     return ROOT
 
 
-def ansible_program(name: str) -> Path:
-    """An ansible-core program (ansible-playbook, ansible-vault) of this Python's environment."""
-    return Path(sys.executable).parent / name
-
-
 def check_controller() -> None:
     """What the main job needs on this machine, checked before anything is built or booted: the
     checkout, the cache directory, podman (the disposable host runs in it) and ansible-core's
@@ -75,14 +71,7 @@ def check_controller() -> None:
             hint="install podman >= 4.5 (`nix develop` provides it), then run this again",
         )
     for name in ("ansible-playbook", "ansible-vault"):
-        program = ansible_program(name)
-        if not os.access(program, os.X_OK) or not program.is_file():
-            raise ProgramError(
-                f"{program} is missing or not executable: the play runs with ansible-core from this Python's "
-                "environment; nothing was built or booted",
-                hint="run it from the venv scripts/setup.sh prints (its bin has ansible-core's programs), "
-                "then run this again",
-            )
+        ansible_program(name, why="the rehearsal deploys with ansible-core; nothing was built or booted")
 
 
 def wheelhouse(*profiles: str) -> Path:
@@ -165,8 +154,9 @@ class Vault:
     def _vault(self, action: str, data: bytes, *, output: Path | None = None) -> bytes:
         """`ansible-vault <action>` as a program, the data on its standard input (never in argv).
         Not in-process: ansible-core patches `sys.intern` on import, which torch then refuses."""
+        vault = ansible_program("ansible-vault", why="the rehearsal's secrets cannot be vaulted")
         argv = [
-            str(ansible_program("ansible-vault")), action, "--vault-password-file",
+            str(vault), action, "--vault-password-file",
             str(self.password_file), "--output", str(output) if output else "-", "-",
         ]  # fmt: skip
         done = subprocess.run(argv, input=data, capture_output=True)
@@ -319,7 +309,7 @@ def playbook_argv(
         | (extra_vars or {})
     )
     argv = [
-        str(ansible_program("ansible-playbook")),
+        str(ansible_program("ansible-playbook", why="the rehearsal host cannot be deployed")),
         "deploy.yml",
         "-i",
         str(inventory),

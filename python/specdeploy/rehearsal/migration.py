@@ -30,6 +30,7 @@ from typing import Any
 
 from specdeploy.core import atomic
 from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.programs import ansible_program
 from specdeploy.rehearsal import hosts
 
 NEW_NAME, NEW_SSH, NEW_IP = "specdeploy-container-new", 2341, "10.89.64.31"
@@ -226,9 +227,10 @@ def main_job_move(*, requests: int = 12) -> list[dict[str, Any]]:
         inventory, old, new, front, vault.password_file, [*args, "-e", "weights_source=present"], state / "logs"
     )
     profiles = state / "profiles"
+    playbook = ansible_program("ansible-playbook", why="the rehearsal's front and OLD cannot be deployed")
     for limit in (front.name, old.name):
         argv = [
-            str(deploy.ansible_program("ansible-playbook")), "deploy.yml", "-i", str(inventory), "-l", limit,
+            str(playbook), "deploy.yml", "-i", str(inventory), "-l", limit,
             "--vault-password-file",
             str(vault.password_file), "-e", f"specdeploy_profile={deploy.PROFILE}",
             "-e", f"specdeploy_profiles_src={profiles}", *move.deploy_args,
