@@ -11,7 +11,8 @@ test hosts over real SSH, with real engines and a real balancer:
 
 One chain, each test starting from what the previous left:
 1. the front is deployed and OLD re-deployed through it (now publishing on its internal address),
-   behind it; NEW is in the front in maint;
+   behind it; NEW is in the front in maint; the front refuses /metrics, /tokenize and /invocations
+   (which OLD's engine serves) and passes the client's key through to the engine;
 2. `migrate plan` reads OLD's verified gate, golden, profile and identity;
 3. `migrate prepare` is interrupted (a seeded file's path on NEW taken by a directory, as a full
    disk would stop it), then resumed: the files already verified are not copied again;
@@ -21,7 +22,8 @@ One chain, each test starting from what the previous left:
 5. NEW fixed by `migrate prepare` again (the deploy puts back the image by digest), `migrate
    verify` passes;
 6. `migrate cutover` under load through the front (bounded streaming requests, at least 2 in
-   flight, each longer than the drain): failed = 0, OLD had requests in flight when drained;
+   flight at every instant — measured from the requests' own start and end times —, each longer
+   than the drain): failed = 0, OLD had requests in flight when drained;
 7. `migrate rollback` under load: failed = 0; then `migrate cutover` again;
 8. a rolling deploy of both hosts (`serial: 1`, a change that restarts each engine) through the
    front under the same load: failed = 0;
@@ -33,6 +35,7 @@ Traffic stays on the test hosts' own network and the controller's loopback.
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
 import sys
 import time
@@ -40,11 +43,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from tests.support import container_rig
 from tests.support.container_rig import API_KEY, PROFILE, Rig
 
 from specdeploy.core import layout
+from specdeploy.front import haproxy
 from specdeploy.migrate import load
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import deploy, hosts, hub, migration, variants
@@ -140,6 +145,36 @@ def test_the_front_is_deployed_and_old_serves_through_it_with_new_kept_out(site:
     with site.load(total=4) as running:
         result = running.finish(300)
     assert result.failed == 0 and result.ok == 4, result.to_json()
+
+
+def test_the_deployed_front_serves_only_v1_and_health_and_passes_the_client_s_key_to_the_engine(
+    site: Site,
+) -> None:
+    """The front deploy.yml installed, not a local HAProxy: /metrics, /tokenize and /invocations,
+    which OLD's engine itself answers on its internal address, are refused at the front (403, its
+    own body); /v1/models answers with the client's key and is refused by the
+    engine (401) without one, so the key passes through the front unchanged, and /health answers."""
+    profile = load_profile(PROFILE)
+    port = profile.engine.serve.port  # published on OLD_IP once the front is deployed
+    direct = site.old.ssh(
+        "python3 -c 'import urllib.request as u; "
+        f'print(u.urlopen("http://{OLD_IP}:{port}/metrics", timeout=30).status)\''
+    )
+    assert direct.stdout.strip() == "200", direct.stderr  # the engine serves /metrics itself ...
+    with httpx.Client(
+        base_url=f"https://127.0.0.1:{profile.front.listen_port}",
+        verify=ssl.create_default_context(cafile=site.pem),
+        timeout=60,
+    ) as client:
+        for method, path in (("GET", "/metrics"), ("POST", "/tokenize"), ("POST", "/invocations")):
+            refused = client.request(method, path, headers={"Authorization": f"Bearer {API_KEY}"}, json={})
+            assert refused.status_code == 403 and refused.text == haproxy.DENY_BODY, (path, refused.text)
+        keyed = client.get("/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
+        assert keyed.status_code == 200 and keyed.json()["data"], keyed.text
+        assert client.get("/v1/models").status_code == 401  # ... the engine, not the front, checks the key
+        wrong = client.get("/v1/models", headers={"Authorization": "Bearer not-the-key"})
+        assert wrong.status_code == 401
+        assert client.get("/health").status_code == 200
 
 
 def test_plan_reads_old_s_verified_gate_golden_and_identity(site: Site) -> None:

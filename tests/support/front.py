@@ -68,6 +68,7 @@ class EchoEngine:
     release: threading.Event = field(default_factory=threading.Event)
     port: int = 0
     hold_s: float = 30.0  # how long a stream is held open at most (until `release`)
+    token_s: float | None = None  # when set, a stream lasts max_tokens × token_s (as an engine's decode)
 
     def requests(self) -> list[tuple[str, str, str | None]]:
         """What reached this engine, the front's health checks aside."""
@@ -105,7 +106,10 @@ def _handler(engine: EchoEngine) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 self._chunk(b"data: " + json.dumps(echo).encode() + b"\n\n")
                 engine.streaming.set()
-                engine.release.wait(engine.hold_s)
+                hold = engine.hold_s
+                if engine.token_s is not None and isinstance(request.get("max_tokens"), int):
+                    hold = min(hold, request["max_tokens"] * engine.token_s)
+                engine.release.wait(hold)
                 self._chunk(b"data: [DONE]\n\n")
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()

@@ -232,13 +232,14 @@ def test_a_file_on_old_that_differs_from_the_lock_stops_the_seed_and_is_not_put_
 
 
 def test_a_cutover_through_the_real_haproxy_under_streaming_load_fails_no_request(pem: Path, short_dir: Path) -> None:
-    """The real HAProxy (Debian's) in front of two engine stand-ins whose streams each last 0.6 s:
-    the load keeps 3 streams open through TLS with a key while the cutover adds NEW, drains OLD
-    (its streams finish) and takes it out. Every request is counted; none fails; both engines
-    served some, and OLD had streams in flight when it was drained."""
+    """The real HAProxy (Debian's) in front of two engine stand-ins whose streams last as long as
+    their tokens (0.6 s for the shortest request): the load keeps 4 streams open through TLS with a
+    key while the cutover adds NEW, drains OLD (its streams finish) and takes it out. Every request is
+    counted; none fails; at no instant were fewer than 2 open; both engines served some, and OLD had
+    streams in flight when it was drained."""
     with front_support.engines("old", "new") as engines:
         for engine in engines.values():
-            engine.hold_s = 0.6
+            engine.token_s = 0.6 / 256
         backends = [
             Backend(name="old", address="127.0.0.1", port=engines["old"].port),
             Backend(name="new", address="127.0.0.1", port=engines["new"].port, state="maint"),
@@ -246,8 +247,8 @@ def test_a_cutover_through_the_real_haproxy_under_streaming_load_fails_no_reques
         config = front_support.front_config(short_dir, pem, backends)
         with front_support.running(config, short_dir, ready=("old",)) as front:
             spec = load.LoadSpec(
-                url=f"https://127.0.0.1:{front.port}", api_key="sk-test", model="m", total=24, in_flight=3,
-                ca_file=str(pem), timeout_s=30,
+                url=f"https://127.0.0.1:{front.port}", api_key="sk-test", model="m", total=24, in_flight=4,
+                max_tokens=256, ca_file=str(pem), timeout_s=30,
             )  # fmt: skip
             balancer = HAProxyBalancer(RuntimeApi(front.socket), drain_timeout_s=20, up_timeout_s=10, poll_s=0.05)
             with load.Load(spec) as running_load:
@@ -256,11 +257,34 @@ def test_a_cutover_through_the_real_haproxy_under_streaming_load_fails_no_reques
                 steps = cutover(balancer, new="new", old="old")
                 result = running_load.finish(60)
     assert result.failed == 0 and result.sent == 24 and result.ok == 24, result.to_json()
-    assert result.max_in_flight == 3 and (result.min_in_flight_while_running or 0) >= 2
+    assert result.max_in_flight == 4 and (result.min_in_flight_while_running or 0) >= 2, result.to_json()
     assert in_flight_on_old >= 1 and [s["step"] for s in steps] == ["add", "drain", "remove"]
     served = {name: len([r for r in e.requests() if r[1] == "/v1/chat/completions"]) for name, e in engines.items()}
     assert served["old"] >= 1 and served["new"] >= 1 and sum(served.values()) == 24
     assert {r[2] for e in engines.values() for r in e.requests()} == {"Bearer sk-test"}
+
+
+def _request(index: int, started: float, ended: float | None) -> load.Request:
+    return load.Request(index=index, started=started, ended=ended)
+
+
+def test_requests_ending_in_step_are_seen_as_the_load_dropping_to_none() -> None:
+    """The measure behind "at least 2 in flight at every moment" can fail: four requests of one
+    length, started together, end together before their replacements start — 0 open for an
+    instant, which sampling the count after each refill (as the load first did) never saw."""
+    in_step = [_request(i, 0.0, 1.0) for i in range(4)] + [_request(4 + i, 1.001, 2.0) for i in range(4)]
+    assert load.min_open(in_step, start=0.0, end=1.5) == 0
+    staggered = [_request(0, 0.0, 1.0), _request(1, 0.0, 1.1), _request(2, 0.0, 1.2), _request(3, 0.0, 1.3)]
+    staggered += [_request(4, 1.001, 2.0), _request(5, 1.101, 2.2), _request(6, 1.201, 2.4), _request(7, 1.301, 2.6)]
+    assert load.min_open(staggered, start=0.0, end=1.5) == 3  # one end at a time: never below in_flight - 1
+    late = [*staggered[:4], _request(4, 1.001, None)]  # still running: open to the end
+    assert load.min_open(late, start=1.05, end=5.0) == 1
+
+
+def test_request_lengths_spread_over_half_again_so_ends_do_not_arrive_in_step() -> None:
+    spec = load.LoadSpec(url="https://front", api_key="k", model="m", in_flight=4, max_tokens=448)
+    assert [load.tokens_for(i, spec) for i in range(9)] == [448, 504, 560, 616, 448, 504, 560, 616, 448]
+    assert min(load.tokens_for(i, spec) for i in range(100)) == spec.max_tokens  # each still outlasts the drain
 
 
 def test_a_load_against_a_front_that_refuses_counts_every_request_as_failed(pem: Path, short_dir: Path) -> None:

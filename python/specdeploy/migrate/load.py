@@ -1,11 +1,19 @@
 """Bounded streaming load through the front, while cutover or rollback moves traffic.
 
-Failure prevented: "zero failed requests" asserted by a step that sent none. The load keeps at
-least `in_flight` streaming chat requests open at every moment (a new one starts as soon as one
-ends) until `total` have been sent or it is told to stop, each long enough to outlast the drain,
-and counts every one: sent, ok (a 200 whose stream sent JSON events and ended with `[DONE]`), failed
-(anything else, with its reason). A client timeout far above a request's length keeps a slow CPU
-engine from reading as a failure.
+Failure prevented: "zero failed requests" asserted by a step that sent none. The load keeps
+`in_flight` streaming chat requests open (a new one starts as soon as one ends) until `total`
+have been sent or it is told to stop, each long enough to outlast the drain, and counts every one:
+sent, ok (a 200 whose stream sent JSON events and ended with `[DONE]`), failed (anything else, with
+its reason). A client timeout far above a request's length keeps a slow CPU engine from reading as
+a failure.
+
+"At least 2 in flight at every moment" is measured, not assumed: `min_in_flight_while_running`
+is the fewest requests open at any instant of the sustained window (from the moment `in_flight`
+were first open to the last send, or the stop), swept from every request's start and end times —
+an end counts before a start at the same instant, so the moment between a request's end and its
+replacement's start is seen. Requests of one length started together end together, and the load
+would drop to none at once: request i asks for `max_tokens × (1 + (i mod in_flight) / (2 ×
+in_flight))` tokens, so their ends spread over the load instead of arriving in step.
 """
 
 from __future__ import annotations
@@ -36,7 +44,16 @@ class Request:
 class LoadResult:
     requests: list[Request] = field(default_factory=list)
     max_in_flight: int = 0
-    min_in_flight_while_running: int | None = None
+    full_at: float | None = None  # when `in_flight` requests were first open
+    sustained_until: float | None = None  # the last send, or the stop
+
+    @property
+    def min_in_flight_while_running(self) -> int | None:
+        """The fewest requests open at any instant from `full_at` to `sustained_until` (None when
+        the load never had `in_flight` open): swept from the requests' own start and end times."""
+        if self.full_at is None or self.sustained_until is None:
+            return None
+        return min_open(self.requests, self.full_at, self.sustained_until)
 
     @property
     def sent(self) -> int:
@@ -56,8 +73,30 @@ class LoadResult:
             "ok": self.ok,
             "failed": self.failed,
             "max_in_flight": self.max_in_flight,
+            "min_in_flight_while_running": self.min_in_flight_while_running,
             "failures": [asdict(r) for r in self.requests if not r.ok][:20],
         }
+
+
+def min_open(requests: list[Request], start: float, end: float) -> int:
+    """The fewest of `requests` open at any instant of [start, end]: what was open at `start`,
+    then the count right after each end inside the window (only an end lowers it; a request still
+    running is open to the end; at one instant an end is counted before a start)."""
+    events = [(r.started, 1) for r in requests] + [(r.ended, -1) for r in requests if r.ended is not None]
+    events.sort(key=lambda e: (e[0], e[1]))  # -1 (an end) before +1 (a start) at the same instant
+    count = sum(step for when, step in events if when <= start)
+    low = count
+    for when, step in events:
+        if start < when <= end:
+            count += step
+            if step < 0:
+                low = min(low, count)
+    return low
+
+
+def tokens_for(index: int, spec: LoadSpec) -> int:
+    """Request `index`'s length: `max_tokens` and up to half again, by index modulo `in_flight`."""
+    return spec.max_tokens + (index % spec.in_flight) * spec.max_tokens // (2 * spec.in_flight)
 
 
 @dataclass
@@ -66,8 +105,8 @@ class LoadSpec:
     api_key: str
     model: str
     total: int = 40
-    in_flight: int = 2
-    max_tokens: int = 256
+    in_flight: int = 4  # two ends may meet (in step, or by chance): 4 keeps at least 2 open then
+    max_tokens: int = 256  # the shortest request's; the longest asks for half again (`tokens_for`)
     timeout_s: float = 300.0
     ca_file: str | None = None  # the site CA that signed the front's certificate
 
@@ -131,8 +170,8 @@ class Load:
         body = {
             "model": self.spec.model,
             "messages": [{"role": "user", "content": f"Tell a long story, number {request.index}."}],
-            "max_tokens": self.spec.max_tokens,
-            "min_tokens": self.spec.max_tokens,  # vLLM: no early stop, so every request outlasts the drain
+            "max_tokens": tokens_for(request.index, self.spec),
+            "min_tokens": tokens_for(request.index, self.spec),  # vLLM: no early stop; each outlasts the drain
             "temperature": 0,
             "stream": True,
         }
@@ -170,13 +209,16 @@ class Load:
                     self.result.requests.append(request)
                     running.add(asyncio.create_task(self._one(client, request)))
                     index += 1
+                now = time.monotonic()
                 self.result.max_in_flight = max(self.result.max_in_flight, len(running))
                 if len(running) == self.spec.in_flight:
+                    if self.result.full_at is None:
+                        self.result.full_at = now
                     self.started.set()
+                sending = not self._stop.is_set() and index < self.spec.total
+                if self.result.full_at is not None and self.result.sustained_until is None and not sending:
+                    self.result.sustained_until = now  # the last send, or the stop: the load winds down
                 if not running:
                     self.started.set()
                     return
-                if not self._stop.is_set() and index < self.spec.total:
-                    low = self.result.min_in_flight_while_running
-                    self.result.min_in_flight_while_running = len(running) if low is None else min(low, len(running))
                 _, running = await asyncio.wait(running, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)

@@ -79,8 +79,11 @@ def wheelhouse(*profiles: str) -> Path:
     archive of every profile named that installs its engine from wheels (default: cpu-rehearsal);
     the specdeploy wheel in it is rebuilt from the checkout each time (byte-identical when unchanged)."""
     root = checkout()
-    locks = sorted((root / envlock.LOCKS).glob("*.txt"))  # a refreshed lock is a new wheelhouse
-    inputs = b"".join(p.read_bytes() for p in [root / "pyproject.toml", root / "scripts" / "wheelhouse.sh", *locks])
+    # Keyed by what decides its bytes: the locks (a refreshed lock is a new wheelhouse; setup refuses a
+    # pin in pyproject.toml the locks do not hold) and the script. Not pyproject.toml itself: a test
+    # option added there once rebuilt the wheelhouse, every host's engine venv and the engine image.
+    locks = sorted((root / envlock.LOCKS).glob("*.txt"))
+    inputs = b"".join(p.read_bytes() for p in [root / "scripts" / "wheelhouse.sh", *locks])
     dest = cache_dir() / f"wheelhouse-{hashlib.sha256(inputs).hexdigest()[:12]}"
     with exclusive(dest.name):  # another run on this machine may be filling it now
         filled = _fill_wheelhouse(dest, root, profiles)

@@ -245,7 +245,7 @@ def main_job_move(*, requests: int = 12) -> list[dict[str, Any]]:
         if step == "cutover":
             spec = load.LoadSpec(
                 url=f"https://127.0.0.1:{profile.front.listen_port}", api_key=vault.values()["engine_api_key"],
-                model=profile.engine.serve.served_model_name or profile.target.repo, total=requests, in_flight=2,
+                model=profile.engine.serve.served_model_name or profile.target.repo, total=requests, in_flight=4,
                 max_tokens=300, timeout_s=300, ca_file=str(cert),
             )  # fmt: skip
             with load.Load(spec) as running:
