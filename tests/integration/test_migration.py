@@ -65,9 +65,10 @@ NEW_NAME = migration.NEW_NAME
 CLI = layout.InstallLayout().to_json()["cli"]
 BIN = Path(sys.executable).parent
 LOAD_REQUESTS = 24
-# Four streams at a time, each 448 tokens long (the profile's max_model_len is 512): at ~270 tok/s
-# alone, seconds each with four sharing the engine, so a host drained a moment after the other was
-# enabled still has streams in flight (at two, 300 tokens, one rollback found none left on NEW).
+# Four streams at a time, 364 to 448 tokens long by slot (the profile's max_model_len is 512; the
+# load's `tokens_for`): at ~270 tok/s alone, seconds each with four sharing the engine, so a host
+# drained a moment after the other was enabled still has streams in flight (at two, 300 tokens, one
+# rollback found none left on NEW), and with four, two ending at once still leave two open.
 LOAD_IN_FLIGHT, LOAD_TOKENS = 4, 448
 OTHER_IMAGE = "localhost/specdeploy-test/vllm-other:0.31"
 

@@ -11,9 +11,13 @@ a failure.
 is the fewest requests open at any instant of the sustained window (from the moment `in_flight`
 were first open to the last send, or the stop), swept from every request's start and end times —
 an end counts before a start at the same instant, so the moment between a request's end and its
-replacement's start is seen. Requests of one length started together end together, and the load
-would drop to none at once: request i asks for `max_tokens × (1 + (i mod in_flight) / (2 ×
-in_flight))` tokens, so their ends spread over the load instead of arriving in step.
+replacement's start is seen. Requests of one length started together end together (an engine
+decodes them in one batch, step by step), and the load would drop to none at once. So each of the
+`in_flight` slots has a length of its own — `max_tokens`, then a sixteenth less per slot at four
+(`tokens_for`) — and a slot's next request takes its length: each slot repeats at its own period,
+and their ends meet only by chance, two at a time at most in a simulation of the engine's steps,
+which 4 in flight keeps at 2 open. (Lengths handed out by request number instead line up: the
+shortest first request's successor gets the longest length, and every pair sums alike.)
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import httpx
 class Request:
     index: int
     started: float
+    slot: int = 0
+    tokens: int = 0
     ended: float | None = None
     status: int | None = None
     ok: bool = False
@@ -94,9 +100,9 @@ def min_open(requests: list[Request], start: float, end: float) -> int:
     return low
 
 
-def tokens_for(index: int, spec: LoadSpec) -> int:
-    """Request `index`'s length: `max_tokens` and up to half again, by index modulo `in_flight`."""
-    return spec.max_tokens + (index % spec.in_flight) * spec.max_tokens // (2 * spec.in_flight)
+def tokens_for(slot: int, spec: LoadSpec) -> int:
+    """Slot `slot`'s request length: `max_tokens`, less `max_tokens / (4 × in_flight)` per slot."""
+    return spec.max_tokens - slot * spec.max_tokens // (4 * spec.in_flight)
 
 
 @dataclass
@@ -106,7 +112,7 @@ class LoadSpec:
     model: str
     total: int = 40
     in_flight: int = 4  # two ends may meet (in step, or by chance): 4 keeps at least 2 open then
-    max_tokens: int = 256  # the shortest request's; the longest asks for half again (`tokens_for`)
+    max_tokens: int = 256  # the longest request's; the shortest asks for a quarter less (`tokens_for`)
     timeout_s: float = 300.0
     ca_file: str | None = None  # the site CA that signed the front's certificate
 
@@ -170,8 +176,8 @@ class Load:
         body = {
             "model": self.spec.model,
             "messages": [{"role": "user", "content": f"Tell a long story, number {request.index}."}],
-            "max_tokens": tokens_for(request.index, self.spec),
-            "min_tokens": tokens_for(request.index, self.spec),  # vLLM: no early stop; each outlasts the drain
+            "max_tokens": request.tokens,
+            "min_tokens": request.tokens,  # vLLM: no early stop, so each request outlasts the drain
             "temperature": 0,
             "stream": True,
         }
@@ -202,12 +208,17 @@ class Load:
     async def _run(self) -> None:
         async with self._client() as client:
             running: set[asyncio.Task[None]] = set()
+            slots: dict[asyncio.Task[None], int] = {}
+            free = list(range(self.spec.in_flight))
             index = 0
             while True:
-                while not self._stop.is_set() and len(running) < self.spec.in_flight and index < self.spec.total:
-                    request = Request(index=index, started=time.monotonic())
+                while not self._stop.is_set() and free and index < self.spec.total:
+                    slot = free.pop(0)
+                    request = Request(index, time.monotonic(), slot, tokens_for(slot, self.spec))
                     self.result.requests.append(request)
-                    running.add(asyncio.create_task(self._one(client, request)))
+                    task = asyncio.create_task(self._one(client, request))
+                    running.add(task)
+                    slots[task] = slot
                     index += 1
                 now = time.monotonic()
                 self.result.max_in_flight = max(self.result.max_in_flight, len(running))
@@ -221,4 +232,5 @@ class Load:
                 if not running:
                     self.started.set()
                     return
-                _, running = await asyncio.wait(running, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+                ended, running = await asyncio.wait(running, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+                free += sorted(slots.pop(task) for task in ended)
