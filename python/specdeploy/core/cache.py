@@ -18,6 +18,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.housekeeping import nearest_existing
 
 ENV = "SPECDEPLOY_CACHE"
 
@@ -26,14 +27,6 @@ class CacheDirError(SpecdeployError):
     """The cache directory cannot be made or used: bad input (the environment), exit 2."""
 
     exit_code = 2
-
-
-def _blocking(path: Path) -> Path:
-    """The nearest existing path at or above `path` (what stands where the directory would go)."""
-    found = path
-    while not os.path.lexists(found) and found != found.parent:
-        found = found.parent
-    return found
 
 
 def cache_dir() -> Path:
@@ -45,7 +38,7 @@ def cache_dir() -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        blocking = _blocking(path)
+        blocking = nearest_existing(path)
         what = "a regular file" if blocking.is_file() else "something that is not a directory"
         where = "" if blocking == path else f" at {blocking}"
         raise CacheDirError(

@@ -90,10 +90,12 @@ def human(size: float) -> str:
     return f"{size / GIB:.1f} GiB" if size >= GIB / 10 else f"{size / 1024**2:.0f} MiB"
 
 
-def _existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
+def nearest_existing(path: Path) -> Path:
+    """The nearest existing path at or above `path` (what stands where a directory would go)."""
+    found = path
+    while not os.path.lexists(found) and found != found.parent:
+        found = found.parent
+    return found
 
 
 def space_problem(need_gib: float, paths: list[Path]) -> str | None:
@@ -101,7 +103,7 @@ def space_problem(need_gib: float, paths: list[Path]) -> str | None:
     short = []
     seen: set[int] = set()
     for path in paths:
-        where = _existing(path)
+        where = nearest_existing(path)
         device = where.stat().st_dev
         if device in seen:
             continue

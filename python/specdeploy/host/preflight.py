@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from specdeploy.core import layout
+from specdeploy.core.housekeeping import GIB
 from specdeploy.host import command, cuda, gpus
 from specdeploy.profile import Profile
-
-GIB = 1024**3
 
 
 class Level(StrEnum):
