@@ -12,6 +12,8 @@ on a test host of its own, TLS with a site CA) and pulled back by digest.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import ssl
 import subprocess
 from pathlib import Path
@@ -78,6 +80,27 @@ def test_an_image_built_twice_from_the_same_inputs_is_the_same_image_bit_for_bit
     ).stdout
     assert created.startswith("2026-01-01"), "the image carries the source date, not the build's clock"
     _rmi(tag)
+
+
+def test_a_registry_whose_processes_died_with_a_session_is_replaced_and_answers_at_once() -> None:
+    """What CI met: a session's end killed the registry's processes while podman still listed it
+    running. Replacing it gave a new container a fresh MAC while the controller's neighbour table
+    held the old one: the registry did not answer for over a minute. Now an address keeps its MAC."""
+    site = registry.start_registry()
+    pids = subprocess.run(
+        [*PODMAN.split(), "inspect", "--format", "{{.State.Pid}} {{.State.ConmonPid}}", registry.NAME],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    for pid in pids:
+        os.kill(int(pid), signal.SIGKILL)
+    listed = subprocess.run(
+        [*PODMAN.split(), "inspect", "--format", "{{.State.Running}}", registry.NAME], capture_output=True, text=True
+    )
+    assert listed.stdout.strip() == "true", "podman still lists the dead registry as running (the case met)"
+    again = registry.start_registry()  # raises RegistryError where it does not answer within 30 s
+    assert again == site
+    answered = httpx.get(f"https://{site.address}/v2/", verify=ssl.create_default_context(cafile=str(site.ca)))
+    assert answered.status_code == 200
 
 
 def test_push_records_the_registrys_digest_and_a_host_pulls_exactly_that_image(tmp_path: Path, cli: Any) -> None:

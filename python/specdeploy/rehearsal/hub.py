@@ -396,7 +396,7 @@ def start_hub(
     script = f"/opt/olah/bin/olah-cli -c {_CONFIG} --log-path {_LOGS} & exec {shlex.join(proxy)}"
     started = _podman(
         "run", "-d", "--name", name, "--hostname", name, "--label", f"{_LABEL}={fingerprint}",
-        "--network", NETWORK, "--ip", HUB_IP, "-p", f"127.0.0.1:{port}:{HUB_PORT}", *hosts.RUN_FLAGS,
+        *hosts.Network(NETWORK, HUB_IP).run_flags(), "-p", f"127.0.0.1:{port}:{HUB_PORT}", *hosts.RUN_FLAGS,
         "--tmpfs", _REPOS,
         "-v", f"{mirrors}:{_MIRRORS}:ro", "-v", f"{token_file}:{_TOKEN}:ro",
         "-v", f"{workdir / 'olah.toml'}:{_CONFIG}:ro", "-v", f"{gating.__file__}:{_GATING}:ro",

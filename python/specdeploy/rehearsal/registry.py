@@ -169,7 +169,7 @@ def start_registry() -> Registry:
     _podman("rm", "-f", "-t", "0", NAME, check=False)
     started = _podman(
         "run", "-d", "--name", NAME, "--hostname", NAME, "--label", f"{_LABEL}={fingerprint}",
-        "--network", NETWORK, "--ip", REGISTRY_IP, *hosts.RUN_FLAGS,
+        *hosts.Network(NETWORK, REGISTRY_IP).run_flags(), *hosts.RUN_FLAGS,
         "-v", f"{storage}:{_STORAGE}", "-v", f"{root / 'config.yml'}:{_CONFIG}:ro", "-v", f"{tls}:{_TLS}:ro",
         image, "/usr/bin/docker-registry", "serve", _CONFIG,
         check=False,
