@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from specdeploy.core import layout
 from specdeploy.front import haproxy
 from specdeploy.migrate import load
 from specdeploy.profile import load_profile
-from specdeploy.rehearsal import deploy, hosts, hub, migration, variants
+from specdeploy.rehearsal import hosts, hub, migration, variants
 
 pytestmark = [
     pytest.mark.testhost,
@@ -63,13 +62,7 @@ pytestmark = [
 OLD_IP = container_rig.HOST_IP
 NEW_NAME = migration.NEW_NAME
 CLI = layout.InstallLayout().to_json()["cli"]
-BIN = Path(sys.executable).parent
 LOAD_REQUESTS = 24
-# Four streams at a time, 364 to 448 tokens long by slot (the profile's max_model_len is 512; the
-# load's `tokens_for`): at ~270 tok/s alone, seconds each with four sharing the engine, so a host
-# drained a moment after the other was enabled still has streams in flight (at two, 300 tokens, one
-# rollback found none left on NEW), and with four, two ending at once still leave two open.
-LOAD_IN_FLIGHT, LOAD_TOKENS = 4, 448
 OTHER_IMAGE = "localhost/specdeploy-test/vllm-other:0.31"
 
 
@@ -78,37 +71,20 @@ class Site(migration.Move):
     rig: Rig | None = None
     pem: Path | None = None
 
-    def play(self, limit: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        """deploy.yml as the site runs it: its inventory, vault and own arguments, the pinned profile."""
+    def play(self, limit: str, *extra: str, **_: object) -> subprocess.CompletedProcess[str]:
+        """deploy.yml as the site runs it, with the rig's pinned profile."""
         assert self.rig is not None
-        argv = [
-            str(BIN / "ansible-playbook"), "deploy.yml", "-i", str(self.inventory), "-l", limit,
-            "--vault-password-file", str(self.vault_password_file),
-            "-e", f"specdeploy_profile={PROFILE}", "-e", f"specdeploy_profiles_src={self.rig.profiles}",
-            *self.deploy_args, *extra,
-        ]  # fmt: skip
-        run = deploy.run_playbook(argv, capture=True)
-        self.logs.mkdir(parents=True, exist_ok=True)
-        (self.logs / f"play-{limit}-{int(time.time())}.log").write_text(run.stdout + run.stderr)
-        return run
+        return super().play(limit, *extra, profile=PROFILE, profiles=self.rig.profiles)
 
     def migrate(self, step: str, *extra: str) -> tuple[int, dict]:
         return self.step(step, *extra)
 
+    def load_spec(self, total: int = LOAD_REQUESTS) -> load.LoadSpec:
+        assert self.pem is not None
+        return migration.load_spec(load_profile(PROFILE), api_key=API_KEY, ca_file=self.pem, total=total)
+
     def load(self, total: int = LOAD_REQUESTS) -> load.Load:
-        profile = load_profile(PROFILE)
-        return load.Load(
-            load.LoadSpec(
-                url=f"https://127.0.0.1:{profile.front.listen_port}",
-                api_key=API_KEY,
-                model=profile.engine.serve.served_model_name or profile.target.repo,
-                total=total,
-                in_flight=LOAD_IN_FLIGHT,
-                max_tokens=LOAD_TOKENS,
-                timeout_s=300,
-                ca_file=str(self.pem),
-            )  # fmt: skip
-        )
+        return load.Load(self.load_spec(total))
 
 
 @pytest.fixture(scope="module")
@@ -248,17 +224,9 @@ def test_new_fixed_by_prepare_again_passes_verify(site: Site) -> None:
     assert lines["golden transcript"]["same"] is True and lines["identity: image_id"]["same"] is True
 
 
-def _under_load(site: Site, step: str) -> tuple[int, dict, load.LoadResult]:
-    with site.load() as running:
-        assert running.wait_sent(3, 120)
-        code, out = site.migrate(step)
-        result = running.finish(900)
-    return code, out, result
-
-
 def test_cutover_and_rollback_under_load_fail_no_request(site: Site) -> None:
     for step, serving in (("cutover", NEW_NAME), ("rollback", site.old.name), ("cutover", NEW_NAME)):
-        code, out, result = _under_load(site, step)
+        code, out, result = site.under_load(step, site.load_spec())
         assert code == 0, out
         assert result.failed == 0 and result.sent == LOAD_REQUESTS, result.to_json()
         assert (result.min_in_flight_while_running or 0) >= 2
@@ -281,7 +249,7 @@ def test_a_rolling_deploy_of_both_hosts_through_the_front_fails_no_request(site:
     # the load lasts as long as the play (bounded: it stops when the play ends), so both engines are
     # replaced while streams go through the front
     with site.load(total=100_000) as running:
-        assert running.wait_sent(3, 120)
+        assert running.wait_sent(migration.LOAD_BEFORE, 120)
         run = site.play(f"{site.old.name},{site.new.name}", "-e", f"specdeploy_profiles_src={profiles}")
         result = running.stop()
     assert run.returncode == 0, run.stdout[-5000:]

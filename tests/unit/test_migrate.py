@@ -354,3 +354,41 @@ def test_ansible_programs_are_found_beside_this_python_without_path(
     monkeypatch.setenv("PATH", "/nonexistent")
     found = ansible_program("ansible-playbook", why="NEW cannot be deployed")
     assert Path(found).parent == Path(sys.executable).parent
+
+
+def test_the_rehearsal_s_steps_run_the_real_cli_in_order_and_stop_at_the_first_that_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`specdeploy rehearsal migrate`'s loop (migration.run_steps), as the README's "Move to a new
+    host" runs it: each step's command printed, then `specdeploy migrate STEP` run for real. Here
+    OLD is a host nothing answers for (a closed loopback port), so plan fails, names OLD and what
+    to do, and no later step runs: the move is not done."""
+    from specdeploy.rehearsal import hosts, migration
+
+    key = tmp_path / "key"
+    key.write_text("not a key")
+    old, new, front = (hosts.Host(name, port, key) for name, port in (("old-host", 1), ("new-host", 2), ("fr", 3)))
+    inventory = migration.write_inventory(
+        tmp_path, old=old, old_ip="10.0.0.1", new=new, front=front, profile="cpu-rehearsal-container",
+        cert=tmp_path / "front.pem",
+    )  # fmt: skip
+    (tmp_path / "vault-password").write_text("unused")
+    move = migration.Move(inventory, old, new, front, tmp_path / "vault-password", [], tmp_path / "logs")
+    spec = load.LoadSpec(url="https://127.0.0.1:1", api_key="unused", model="unused")
+    rows = migration.run_steps(move, migration.STEPS, spec)
+    assert [(r["step"], r["exit"]) for r in rows] == [("plan", 1)]
+    assert "old-host (127.0.0.1:1)" in rows[0]["summary"] and "fix:" in rows[0]["summary"]
+    assert "$ migrate plan --from old-host --to new-host" in capsys.readouterr().err
+    assert (tmp_path / "logs" / "migrate-plan.log").is_file()
+    assert not migration.moved(rows)
+
+
+def test_a_move_is_done_only_when_every_step_passed_and_no_loaded_request_failed() -> None:
+    from specdeploy.rehearsal import migration
+
+    passed = [{"step": s, "exit": 0} for s in migration.STEPS]
+    assert migration.moved(passed)
+    assert migration.moved([*passed[:-1], {"step": "cutover", "exit": 0, "load": {"failed": 0}}])
+    assert not migration.moved([*passed[:-1], {"step": "cutover", "exit": 0, "load": {"failed": 1}}])
+    assert not migration.moved(passed[:-1])
+    assert not migration.moved([*passed[:-1], {"step": "cutover", "exit": 1}])

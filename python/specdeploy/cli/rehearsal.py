@@ -227,10 +227,7 @@ def migrate_cmd(
         load = f"{sent['sent']} / {sent['ok']} / {sent['failed']}" if sent else ""
         table.add_row(*output.cells(row["step"], row["exit"], row["summary"], load))
     out.print(table)
-    done = [r for r in rows if r["exit"] == 0]
-    raise typer.Exit(
-        0 if len(done) == len(migration.STEPS) and all(r.get("load", {}).get("failed", 0) == 0 for r in rows) else 1
-    )
+    raise typer.Exit(0 if migration.moved(rows) else 1)
 
 
 def register(root: typer.Typer) -> None:

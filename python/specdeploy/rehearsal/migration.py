@@ -24,14 +24,19 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specdeploy.core import atomic
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.core.programs import ansible_program
 from specdeploy.rehearsal import hosts
+
+if TYPE_CHECKING:
+    from specdeploy.migrate.load import LoadResult, LoadSpec
+    from specdeploy.profile import Profile
 
 NEW_NAME, NEW_SSH, NEW_IP = "specdeploy-container-new", 2341, "10.89.64.31"
 FRONT_NAME, FRONT_SSH, FRONT_IP = "specdeploy-front", 2342, "10.89.64.32"
@@ -165,6 +170,25 @@ class Move:
         ]  # fmt: skip
         return [*argv, "--", *self.deploy_args] if step == "prepare" else argv
 
+    def play(
+        self, limit: str, *extra: str, profile: str, profiles: Path, capture: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """deploy.yml as the site runs it: its inventory, vault and own arguments, `profile` pinned in
+        `profiles`; a captured run's output is kept in `logs`."""
+        from specdeploy.rehearsal import deploy
+
+        argv = [
+            str(ansible_program("ansible-playbook", why="the rehearsal's hosts cannot be deployed")), "deploy.yml",
+            "-i", str(self.inventory), "-l", limit, "--vault-password-file", str(self.vault_password_file),
+            "-e", f"specdeploy_profile={profile}", "-e", f"specdeploy_profiles_src={profiles}",
+            *self.deploy_args, *extra,
+        ]  # fmt: skip
+        run = deploy.run_playbook(argv, capture=capture)
+        if capture:
+            self.logs.mkdir(parents=True, exist_ok=True)
+            (self.logs / f"play-{limit}-{int(time.time())}.log").write_text(run.stdout + run.stderr)
+        return run
+
     def step(self, step: str, *extra: str) -> tuple[int, dict[str, Any]]:
         """`specdeploy migrate STEP` as a person runs it (its output kept in `logs`): (exit code, its JSON
         with `stderr` added)."""
@@ -189,8 +213,70 @@ class Move:
         where = self.inventory.parent / "migrations" / f"{self.old.name}--{self.new.name}.json"
         return json.loads(where.read_text())
 
+    def under_load(self, step: str, spec: LoadSpec, *extra: str) -> tuple[int, dict[str, Any], LoadResult]:
+        """`specdeploy migrate STEP` while a bounded streaming load goes through the front: the step
+        starts once LOAD_BEFORE requests were sent, and the load runs to its `total` (or 900 s)."""
+        from specdeploy.migrate.load import Load
+
+        with Load(spec) as running:
+            if not running.wait_sent(LOAD_BEFORE, 120):
+                raise SpecdeployError(
+                    f"the load through the front sent {running.result.sent} of {LOAD_BEFORE} requests in 120 s: "
+                    f"{step} not started",
+                    hint=f"is the front's port open on the controller? ({spec.url})",
+                )
+            code, out = self.step(step, *extra)
+            result = running.finish(900)
+        return code, out, result
+
 
 STEPS = ("plan", "prepare", "verify", "cutover")
+LOADED = frozenset({"cutover", "rollback"})  # the steps that move traffic: run under load
+LOAD_BEFORE = 3  # requests sent through the front before a loaded step starts
+# Four streams at a time, 364 to 448 tokens long by slot (the profile's max_model_len is 512; the
+# load's `tokens_for`): at ~270 tok/s alone, seconds each with four sharing the engine, so a host
+# drained a moment after the other was enabled still has streams in flight (at two, 300 tokens, one
+# rollback found none left on NEW), and with four, two ending at once still leave two open.
+LOAD_IN_FLIGHT, LOAD_TOKENS = 4, 448
+
+
+def load_spec(profile: Profile, *, api_key: str, ca_file: Path, total: int) -> LoadSpec:
+    """The rehearsal's load through the front: `total` streaming chat requests, LOAD_IN_FLIGHT at a
+    time, a generous client timeout; the front's certificate trusted from its file."""
+    from specdeploy.migrate.load import LoadSpec
+
+    return LoadSpec(
+        url=f"https://127.0.0.1:{profile.front.listen_port}", api_key=api_key,
+        model=profile.engine.serve.served_model_name or profile.target.repo, total=total,
+        in_flight=LOAD_IN_FLIGHT, max_tokens=LOAD_TOKENS, timeout_s=300, ca_file=str(ca_file),
+    )  # fmt: skip
+
+
+def run_steps(move: Move, steps: tuple[str, ...], spec: LoadSpec) -> list[dict[str, Any]]:
+    """Each step in turn as `specdeploy migrate STEP` (its command printed first; the LOADED ones
+    under `spec`'s load), up to the first that fails: one row per step run (step, exit, summary,
+    and the load's counts where it ran)."""
+    rows = []
+    for step in steps:
+        print("$ " + " ".join(move.command_line(step)[1:]), file=sys.stderr)
+        if step in LOADED:
+            code, out, result = move.under_load(step, spec)
+            out["load"] = result.to_json()
+        else:
+            code, out = move.step(step)
+        rows.append({"step": step, "exit": code, "summary": out.get("summary") or out["stderr"].strip()[-300:]}
+                    | ({"load": out["load"]} if "load" in out else {}))  # fmt: skip
+        if code != 0:
+            break
+    return rows
+
+
+def moved(rows: list[dict[str, Any]]) -> bool:
+    """Whether run_steps' rows are a move done: every step of STEPS ran and passed, and no request
+    of a load failed."""
+    return [r["step"] for r in rows if r["exit"] == 0] == list(STEPS) and all(
+        r.get("load", {}).get("failed", 0) == 0 for r in rows
+    )
 
 
 def main_job_move(*, requests: int = 12) -> list[dict[str, Any]]:
@@ -199,7 +285,6 @@ def main_job_move(*, requests: int = 12) -> list[dict[str, Any]]:
     front deployed and OLD re-deployed behind it (publishing on its internal address), then
     `specdeploy migrate plan`, `prepare`, `verify` and `cutover` — the last under a bounded streaming
     load through the front. Each command is printed before it runs; returns one row per step."""
-    from specdeploy.migrate import load
     from specdeploy.profile import load_profile
     from specdeploy.rehearsal import deploy, hub, registry
 
@@ -227,36 +312,10 @@ def main_job_move(*, requests: int = 12) -> list[dict[str, Any]]:
         inventory, old, new, front, vault.password_file, [*args, "-e", "weights_source=present"], state / "logs"
     )
     profiles = state / "profiles"
-    playbook = ansible_program("ansible-playbook", why="the rehearsal's front and OLD cannot be deployed")
     for limit in (front.name, old.name):
-        argv = [
-            str(playbook), "deploy.yml", "-i", str(inventory), "-l", limit,
-            "--vault-password-file",
-            str(vault.password_file), "-e", f"specdeploy_profile={deploy.PROFILE}",
-            "-e", f"specdeploy_profiles_src={profiles}", *move.deploy_args,
-        ]  # fmt: skip
-        print(f"$ ansible-playbook {' '.join(argv[1:5])} ...", file=sys.stderr)
-        if deploy.run_playbook(argv, capture=False).returncode != 0:
+        print(f"$ ansible-playbook deploy.yml -i {inventory} -l {limit} ...", file=sys.stderr)
+        if move.play(limit, profile=deploy.PROFILE, profiles=profiles, capture=False).returncode != 0:
             raise SpecdeployError(f"deploy.yml -l {limit} failed: nothing was moved", hint="see its output above")
     profile = load_profile(profiles / f"{deploy.PROFILE}.yaml")
-    rows = []
-    for step in STEPS:
-        print("$ " + " ".join(move.command_line(step)[1:]), file=sys.stderr)
-        if step == "cutover":
-            spec = load.LoadSpec(
-                url=f"https://127.0.0.1:{profile.front.listen_port}", api_key=vault.values()["engine_api_key"],
-                model=profile.engine.serve.served_model_name or profile.target.repo, total=requests, in_flight=4,
-                max_tokens=300, timeout_s=300, ca_file=str(cert),
-            )  # fmt: skip
-            with load.Load(spec) as running:
-                running.wait_sent(3, 120)
-                code, out = move.step(step)
-                result = running.finish(900)
-            out["load"] = result.to_json()
-        else:
-            code, out = move.step(step)
-        rows.append({"step": step, "exit": code, "summary": out.get("summary") or out["stderr"].strip()[-300:]}
-                    | ({"load": out["load"]} if "load" in out else {}))  # fmt: skip
-        if code != 0:
-            break
-    return rows
+    spec = load_spec(profile, api_key=vault.values()["engine_api_key"], ca_file=cert, total=requests)
+    return run_steps(move, STEPS, spec)
