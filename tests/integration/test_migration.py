@@ -62,7 +62,8 @@ pytestmark = [
 OLD_IP = container_rig.HOST_IP
 NEW_NAME = migration.NEW_NAME
 CLI = layout.InstallLayout().to_json()["cli"]
-LOAD_REQUESTS = 24
+# a loaded move sends at most LOAD_REQUESTS, stops when the step ends, and must have sent LOAD_MIN_SENT
+LOAD_REQUESTS, LOAD_MIN_SENT = 24, 8
 OTHER_IMAGE = "localhost/specdeploy-test/vllm-other:0.31"
 
 
@@ -228,7 +229,7 @@ def test_cutover_and_rollback_under_load_fail_no_request(site: Site) -> None:
     for step, serving in (("cutover", NEW_NAME), ("rollback", site.old.name), ("cutover", NEW_NAME)):
         code, out, result = site.under_load(step, site.load_spec())
         assert code == 0, out
-        assert result.failed == 0 and result.sent == LOAD_REQUESTS, result.to_json()
+        assert result.failed == 0 and result.sent >= LOAD_MIN_SENT, result.to_json()
         assert (result.min_in_flight_while_running or 0) >= 2
         drain = next(s for s in out["details"]["steps"] if s["step"] == "drain")
         assert drain["in_flight_before"] >= 1, out["details"]  # the drained host had requests in flight
