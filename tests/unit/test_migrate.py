@@ -128,6 +128,62 @@ def test_the_record_round_trips_and_steps_need_their_predecessors(tmp_path: Path
     assert again == rec and record.load(tmp_path, "old-host", "other") is None
 
 
+@pytest.fixture
+def ticking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """record.now() one second later on every call: runs in one test are ordered as on a host."""
+    import datetime as dt
+
+    clock = iter(range(10_000))
+    start = dt.datetime(2026, 12, 2, tzinfo=dt.UTC)
+    monkeypatch.setattr(record, "now", lambda: (start + dt.timedelta(seconds=next(clock))).isoformat())
+
+
+def _run(rec: record.MigrationRecord, step: record.Step, ok: bool = True) -> None:
+    assert rec.may_start(step) is None, rec.may_start(step)
+    rec.start(step)
+    rec.end(step, ok, step)
+
+
+def test_a_prepare_run_again_after_verify_passed_stops_cutover_until_verify_runs_again(ticking: None) -> None:
+    """The safety gap a review found: verify passed, prepare re-ran (NEW changed), and cutover
+    would have sent traffic to a NEW nobody had verified since."""
+    rec = record.MigrationRecord(old="old-host", new="new-host")
+    for step in ("plan", "prepare", "verify"):
+        _run(rec, step)  # type: ignore[arg-type]
+    assert rec.may_start("cutover") is None
+    _run(rec, "prepare")
+    why = rec.may_start("cutover") or ""
+    assert "`migrate verify` done after the last `migrate prepare`" in why and "run `migrate verify` again" in why
+    _run(rec, "verify")
+    assert rec.may_start("cutover") is None
+
+
+def test_a_plan_run_again_stops_verify_and_cutover_until_prepare_and_verify_follow_it(ticking: None) -> None:
+    rec = record.MigrationRecord(old="old-host", new="new-host")
+    for step in ("plan", "prepare", "verify", "plan"):
+        _run(rec, step)  # type: ignore[arg-type]
+    assert "after the last `migrate plan`" in (rec.may_start("verify") or "")
+    assert "`migrate verify` done after the last `migrate plan`" in (rec.may_start("cutover") or "")
+    _run(rec, "prepare")
+    assert "run `migrate verify` again" in (rec.may_start("cutover") or "")
+    _run(rec, "verify")
+    assert rec.may_start("cutover") is None
+
+
+def test_plan_and_prepare_are_refused_while_new_takes_traffic_and_rollback_may_always_run(ticking: None) -> None:
+    rec = record.MigrationRecord(old="old-host", new="new-host")
+    assert rec.may_start("rollback") is None  # before any step: going back is never refused
+    for step in ("plan", "prepare", "verify", "cutover"):
+        _run(rec, step)  # type: ignore[arg-type]
+    rec.traffic_on = "new"
+    for step in ("plan", "prepare"):
+        assert "`migrate rollback` first" in (rec.may_start(step) or "")
+    assert rec.may_start("rollback") is None and rec.may_start("cutover") is None
+    _run(rec, "rollback")
+    rec.traffic_on = "old"
+    assert rec.may_start("prepare") is None
+
+
 def test_every_run_of_a_step_keeps_its_time_and_what_it_measured(cli: Any, tmp_path: Path) -> None:
     """docs/benchmarks.md's migration figures come from here: each run's seconds, the bytes a
     prepare copied, a cutover's move time and the requests the front saw fail; a resumed step shows

@@ -33,6 +33,8 @@ from specdeploy.front.config import NAME_RE
 
 STEPS = ("plan", "prepare", "verify", "cutover", "rollback", "finish")
 Step = Literal["plan", "prepare", "verify", "cutover", "rollback", "finish"]
+# The steps each depending on the one before: a step's pass counts only while none before it ran again.
+CHAIN = ("plan", "prepare", "verify", "cutover")
 REQUIRES: dict[str, tuple[str, ...]] = {
     "plan": (),
     "prepare": ("plan",),
@@ -102,13 +104,39 @@ class MigrationRecord(BaseModel):
         found = self.steps.get(step)  # type: ignore[call-overload]
         return found is not None and found.status == "done"
 
+    def stale(self, step: str) -> str | None:
+        """Which earlier step of CHAIN ran again after `step`'s last run began (None: none did).
+        Prevents: a verify that passed, then a prepare re-run that changed NEW, then a cutover that
+        sent traffic to a NEW nobody verified since."""
+        if step not in CHAIN:
+            return None
+        began = self.steps[step].started_at  # type: ignore[index]
+        for earlier in CHAIN[: CHAIN.index(step)]:
+            found = self.steps.get(earlier)  # type: ignore[call-overload]
+            if found is not None and found.started_at > began:
+                return earlier
+        return None
+
     def may_start(self, step: str) -> str | None:
         """Why `step` may not start now (None: it may)."""
         missing = [s for s in REQUIRES[step] if not self.done(s)]
         if missing:
             return f"`migrate {step}` needs `migrate {missing[0]}` done first (its status: {self._status(missing[0])})"
+        for needed in REQUIRES[step]:
+            again = self.stale(needed)
+            if again is not None:
+                return (
+                    f"`migrate {step}` needs `migrate {needed}` done after the last `migrate {again}`, which ran again "
+                    f"at {self.steps[again].started_at} (after {needed} began at {self.steps[needed].started_at}): "  # type: ignore[index]
+                    f"run `migrate {needed}` again"
+                )
         if step == "cutover" and self.traffic_on == "new":
             return None  # re-running a finished cutover is a no-op
+        if step in ("plan", "prepare") and self.traffic_on != "old":
+            return (
+                f"traffic is on {self.traffic_on} (traffic_on: {self.traffic_on}): `migrate {step}` would redeploy "
+                "or re-check the host serving it; `migrate rollback` first"
+            )
         if step in ("prepare", "verify", "cutover") and self.done("finish"):
             return "this migration is finished: OLD's engine is stopped; start a new migration to move again"
         return None
