@@ -109,6 +109,26 @@ def test_decode_rate_below_the_tolerance_differs_and_an_unmeasurable_rate_is_not
     assert line.same is None and "not measurable" in line.note and unmeasured.same
 
 
+def test_a_report_without_an_identity_differs_on_every_identity_line_naming_whose() -> None:
+    """Found by review: a missing identity was "not compared" and verify passed. Nothing then shows
+    NEW is OLD's stack, so traffic must stay on OLD."""
+    new = _new()
+    new["golden"].pop("identity")
+    diffs = _differences(new)
+    assert {f"identity: {f}" for f in compare.IDENTITY_FIELDS} <= set(diffs)
+    assert "NEW's report has no identity" in diffs["identity: image_id"].note
+
+
+def test_an_acceptance_interval_only_one_report_has_differs_and_none_in_both_is_not_compared() -> None:
+    diffs = _differences(_new(**{"stage:acceptance.interval_95": None}))
+    assert "NEW's report has no acceptance interval" in diffs["acceptance (95% interval)"].note
+    neither = copy.deepcopy(OLD)
+    compare.stage(neither, "acceptance")["details"]["interval_95"] = None
+    both = _new(**{"stage:acceptance.interval_95": None})
+    line = next(x for x in compare.compare(neither, both, decode_rate_tolerance=0.25).lines if "acceptance" in x.what)
+    assert line.same is None and "neither" in line.note
+
+
 def test_a_failed_new_gate_differs() -> None:
     assert "gate verdict" in _differences(_new(verdict="fail"))
 

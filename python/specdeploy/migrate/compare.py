@@ -17,7 +17,9 @@ is named with both values, and traffic stays on OLD.
 
 The image ID is podman's: the image's config digest, which survives push/pull and save/load, so an
 image pulled by digest from the site registry and one loaded from OLD's archive compare equal.
-A figure one report lacks (a rate "not measurable") is reported as not compared, never as equal.
+A report without an identity, or one acceptance interval missing, differs: nothing shows NEW is
+the same. Only a decode rate one report could not measure (issue 22: "not measurable" rather than a
+wrong figure), or acceptance neither measured, is reported as not compared, never as equal.
 """
 
 from __future__ import annotations
@@ -109,8 +111,10 @@ def compare(old: dict[str, Any], new: dict[str, Any], *, decode_rate_tolerance: 
     new_identity = (new.get("golden") or {}).get("identity") or {}
     for name in IDENTITY_FIELDS:
         a, b = old_identity.get(name), new_identity.get(name)
-        same = None if not old_identity or not new_identity else a == b
-        lines.append(Line(f"identity: {name}", a, b, same, "" if same is not None else "a report has no identity"))
+        # a report without an identity proves nothing: NEW may not be taken for OLD's equal
+        missing = [who for who, found in (("OLD", old_identity), ("NEW", new_identity)) if not found]
+        note = f"{' and '.join(missing)}'s report has no identity: cannot show NEW is the same stack" if missing else ""
+        lines.append(Line(f"identity: {name}", a, b, not missing and a == b, note))
     old_key = (old.get("golden") or {}).get("key")
     compared = (new.get("golden") or {}).get("compared_with")
     matched = compared is not None and old_key is not None and Path(str(compared)).stem == old_key
@@ -136,8 +140,12 @@ def _pair(values: tuple[Any, Any]) -> str:
 
 def _acceptance(old: dict[str, Any], new: dict[str, Any]) -> Line:
     a, b = _interval(old), _interval(new)
+    if a is None and b is None:
+        return Line("acceptance (95% interval)", a, b, None, "neither report measured acceptance: not compared")
     if a is None or b is None:
-        return Line("acceptance (95% interval)", a, b, None, "a report has no acceptance interval: not compared")
+        who = "OLD" if a is None else "NEW"
+        return Line("acceptance (95% interval)", a, b, False, f"{who}'s report has no acceptance interval: cannot "
+                    "show NEW's acceptance is not lower")  # fmt: skip
     lower = b[1] < a[0]
     note = "NEW's interval lies wholly below OLD's" if lower else "the intervals overlap or NEW's is higher"
     return Line("acceptance (95% interval)", list(a), list(b), not lower, note)
