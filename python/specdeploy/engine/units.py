@@ -143,6 +143,8 @@ class RenderedUnit:
 
 # How often an engine may fail to start before systemd gives up and marks the unit failed
 # (seconds, starts): a container engine loads 27B weights for minutes, a CPU one in seconds.
+# Past the engine's own shutdown timeout (engine.args.shutdown_timeout_s): time to exit before a kill.
+STOP_MARGIN_S = 30
 START_LIMIT = {"container": (3600, 3), "venv": (600, 3)}
 
 
@@ -263,11 +265,14 @@ def render_quadlet(
         # an init as PID 1: the launcher's log redactor must outlive SGLang's kill of its process tree
         "RunInit=true",
         "LogDriver=journald",
+        # podman stop's SIGKILL only after the requests in flight had their time (podman >= 5.0)
+        f"StopTimeout={engine_args.shutdown_timeout_s(profile) + STOP_MARGIN_S // 2}",
         "",
         "[Service]",
         "Restart=always",
         "RestartSec=30",
         "TimeoutStartSec=2400",
+        f"TimeoutStopSec={engine_args.shutdown_timeout_s(profile) + STOP_MARGIN_S}",
         "",
         "[Install]",
         "WantedBy=multi-user.target",
@@ -329,9 +334,10 @@ def render_service(
         *([f"LoadCredential={key.secret}:{host.secret_file(key.secret)}"] if key else []),
         f"ExecStart={_exec_line(command.argv)}",
         # SIGTERM to the API server only: it shuts its engine processes down itself; whatever
-        # is left is killed. vLLM stops in seconds, so a stuck stop need not cost 90 s of downtime.
+        # is left is killed once the requests in flight had their time (engine.args.shutdown_timeout_s;
+        # an idle vLLM stops in seconds)
         "KillMode=mixed",
-        "TimeoutStopSec=30",
+        f"TimeoutStopSec={engine_args.shutdown_timeout_s(profile) + STOP_MARGIN_S}",
         "Restart=always",
         "RestartSec=10",
         "TimeoutStartSec=900",
