@@ -247,6 +247,14 @@ def test_a_rolling_deploy_of_both_hosts_through_the_front_fails_no_request(site:
     pinned = load_profile(site.rig.profiles / f"{PROFILE}.yaml")
     changed = variants.derive(pinned, PROFILE, {"engine": {"env": {"VLLM_LOGGING_LEVEL": "INFO"}}})
     profiles = variants.materialize(changed, tmp_path / "profiles").parent
+
+    def invocations() -> list[str]:  # systemd's ID of each engine unit's current run: new at every start
+        return [
+            host.ssh(f"systemctl show --property=InvocationID --value {layout.UNIT_NAME}").stdout.strip()
+            for host in (site.old, site.new)
+        ]
+
+    before = invocations()
     # the load lasts as long as the play (bounded: it stops when the play ends), so both engines are
     # replaced while streams go through the front
     with site.load(total=100_000) as running:
@@ -254,6 +262,8 @@ def test_a_rolling_deploy_of_both_hosts_through_the_front_fails_no_request(site:
         run = site.play(f"{site.old.name},{site.new.name}", "-e", f"specdeploy_profiles_src={profiles}")
         result = running.stop()
     assert run.returncode == 0, run.stdout[-5000:]
+    after = invocations()
+    assert all(before) and all(a != b for a, b in zip(before, after, strict=True)), (before, after)  # both restarted
     assert result.failed == 0 and result.sent >= LOAD_REQUESTS, result.to_json()
     assert (result.min_in_flight_while_running or 0) >= 2
     servers = site.front_status()
