@@ -468,3 +468,19 @@ def test_a_move_is_done_only_when_every_step_passed_and_no_loaded_request_failed
     assert not migration.moved([*passed[:-1], {"step": "cutover", "exit": 0, "load": {"failed": 1}}])
     assert not migration.moved(passed[:-1])
     assert not migration.moved([*passed[:-1], {"step": "cutover", "exit": 1}])
+
+
+def test_prepare_gives_new_old_s_image_by_pull_or_archive_and_refuses_a_rebuild() -> None:
+    from specdeploy.migrate import steps
+
+    assert steps.image_source([]) == "pull"  # passed explicitly: no inventory setting makes NEW rebuild
+    assert steps.image_source(["-e", "images_registry=r:5000", "-e", "images_source=archive"]) == "archive"
+    with pytest.raises(steps.StepError) as refused:
+        steps.image_source(["--extra-vars", "images_source=build"])
+    assert "images_source=build" in refused.value.message and "pull, archive" in refused.value.message
+
+
+def test_the_load_s_api_key_is_never_in_its_spec_s_repr() -> None:
+    key = "sk-CANARY-repr-0001"
+    spec = load.LoadSpec(url="https://127.0.0.1:8443", api_key=key, model="m")
+    assert key not in repr(spec) and key not in str(spec)

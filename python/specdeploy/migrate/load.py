@@ -108,7 +108,7 @@ def tokens_for(slot: int, spec: LoadSpec) -> int:
 @dataclass
 class LoadSpec:
     url: str  # the front's base URL, https://HOST:PORT
-    api_key: str
+    api_key: str = field(repr=False)  # never in a repr, a log line or an assertion's message
     model: str
     total: int = 40
     in_flight: int = 4  # two ends may meet (in step, or by chance): 4 keeps at least 2 open then

@@ -245,7 +245,30 @@ def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     }
 
 
+# How NEW may get OLD's image: by digest from the site registry, or as an archive; never a rebuild.
+IMAGE_SOURCES = ("pull", "archive")
+
+
+def image_source(deploy_args: list[str]) -> str:
+    """The images role's source the site's deploy.yml arguments ask for (`-e images_source=...`),
+    `pull` where they name none: prepare passes it explicitly, so no inventory setting can make
+    NEW rebuild. A rebuild is refused: it could differ from the image OLD serves."""
+    found = "pull"
+    for flag, value in zip(deploy_args, deploy_args[1:], strict=False):
+        if flag in ("-e", "--extra-vars") and value.startswith("images_source="):
+            found = value.split("=", 1)[1]
+    if found not in IMAGE_SOURCES:
+        raise StepError(
+            f"deploy.yml arguments: images_source={found}: prepare gives NEW OLD's image, expected one of "
+            f"{', '.join(IMAGE_SOURCES)}; nothing was copied",
+            hint="pass -e images_source=pull (the image by digest from the site registry, the default) or "
+            "-e images_source=archive (the image's archive); a rebuild could differ from what OLD serves",
+        )
+    return found
+
+
 def prepare(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
+    source = image_source(m.deploy_args)
     planned = rec.steps["plan"].details
     profile_path = m.workdir / "profiles" / f"{planned['profile']}.yaml"
     profile = load_profile(profile_path)
@@ -265,7 +288,7 @@ def prepare(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     with m.conn(m.new).sftp().open(f"{new_layout.golden.as_posix()}/{key}.json", "w") as f:
         f.write(golden_text.stdout)
     run_id = new_run_id()
-    extra = {"weights_source": "present", "front_rotate": "false", "specdeploy_run_id": run_id}
+    extra = {"weights_source": "present", "images_source": source, "front_rotate": "false", "specdeploy_run_id": run_id}
     code = _deploy(m, m.new, profile, profile_path.parent, extra)
     report = read_json_file(m, m.new, f"{new_layout.runs.as_posix()}/{run_id}/gate.json", what="NEW's gate report")
     if code != 0:
