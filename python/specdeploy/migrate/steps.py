@@ -13,7 +13,7 @@ passed; `rollback` puts it back on OLD from any step.
 | verify | — | the gate, then its report compared with OLD's (migrate.compare) | — |
 | cutover | drained, then out | in | NEW ready, OLD drained, OLD maint |
 | rollback | back in | drained, out | OLD ready, NEW drained, NEW maint |
-| finish | engine stopped (decommission.yml, weights and state kept) | its light gate passes | — |
+| finish | out of service (decommission.yml; weights and state kept) | its light gate passes | — |
 
 Commands on the hosts are the host CLI's (the specdeploy role installs it), run through Fabric as
 the inventory's user; secrets never travel: the hosts read their own key files.
@@ -391,7 +391,8 @@ def _new_in_front(m: Migration) -> bool:
 def finish(m: Migration, rec: record.MigrationRecord, *, stop_old: bool) -> dict[str, Any]:
     if not stop_old:
         raise StepError(
-            "`migrate finish` stops OLD's engine: it needs --stop-old, said explicitly",
+            "`migrate finish` takes OLD out of service (its engine stopped, its unit, key and images removed): "
+            "it needs --stop-old, said explicitly",
             hint="pass --stop-old once NEW has served long enough (the profile's migration.soak_s)",
         )
     profile = load_profile(m.workdir / "profiles" / f"{rec.profile}.yaml")
@@ -429,6 +430,6 @@ def finish(m: Migration, rec: record.MigrationRecord, *, stop_old: bool) -> dict
         )
     return {
         "light_gate": result.get("verdict"),
-        "old_engine": "stopped (weights and state kept)",
+        "old_engine": "stopped and removed (decommission.yml: unit, key and images; weights and state kept)",
         "keep_old_until_days": profile.migration.keep_old_days,
     }
