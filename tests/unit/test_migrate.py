@@ -484,3 +484,28 @@ def test_the_load_s_api_key_is_never_in_its_spec_s_repr() -> None:
     key = "sk-CANARY-repr-0001"
     spec = load.LoadSpec(url="https://127.0.0.1:8443", api_key=key, model="m")
     assert key not in repr(spec) and key not in str(spec)
+
+
+def test_plan_refuses_a_new_host_whose_disk_cannot_take_the_weights_naming_both_figures() -> None:
+    from specdeploy.migrate import steps
+
+    gib = 1024**3
+    assert steps.space_problem("new-host", "/var/lib/specdeploy/models", free=60 * gib, needed=54 * gib) is None
+    problem = steps.space_problem("new-host", "/var/lib/specdeploy/models", free=40 * gib, needed=54 * gib) or ""
+    assert "new-host: 40.0 GiB free for /var/lib/specdeploy/models" in problem
+    assert "54.0 GiB of weights to copy" in problem and "would fill NEW's disk" in problem
+
+
+def test_the_free_space_probe_runs_with_a_bare_python_and_reads_the_nearest_existing_parent(tmp_path: Path) -> None:
+    """What plan runs on NEW before anything is installed there (no CLI): a real python3, a path
+    whose directories do not exist yet."""
+    import shutil
+    import subprocess
+
+    from specdeploy.migrate import steps
+
+    done = subprocess.run(
+        ["python3", "-c", steps.FREE_BYTES, str(tmp_path / "not" / "yet" / "models")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert abs(int(done.stdout) - shutil.disk_usage(tmp_path).free) < 512 * 1024**2

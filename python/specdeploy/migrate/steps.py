@@ -33,6 +33,7 @@ from typing import Any
 
 from specdeploy.core import atomic, layout
 from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.housekeeping import human
 from specdeploy.core.programs import ansible_program
 from specdeploy.gate.run import new_run_id
 from specdeploy.migrate import compare, record, seed
@@ -180,6 +181,26 @@ def _deploy(m: Migration, host: HostAccess, profile: Profile, profiles_dir: Path
 # --------------------------------------------------------------------------- the steps
 
 
+# On a host, no CLI needed (NEW may be bare): the free bytes of the filesystem that holds argv[1], or
+# would hold it (its nearest existing parent).
+FREE_BYTES = (
+    "import os, shutil, sys\np = sys.argv[1]\nwhile not os.path.exists(p):\n    p = os.path.dirname(p)\n"
+    "print(shutil.disk_usage(p).free)"
+)
+SPACE_MARGIN = 1.05  # the seed's partial files and the deploy's own writes
+
+
+def space_problem(host: str, path: str, *, free: int, needed: int) -> str | None:
+    """Why NEW cannot take the weights' bytes at `path` (None: it can): the disk filling mid-copy is
+    what plan exists to catch before a single byte moves."""
+    if free >= needed * SPACE_MARGIN:
+        return None
+    return (
+        f"{host}: {human(free)} free for {path}, expected at least {human(int(needed * SPACE_MARGIN))} "
+        f"({human(needed)} of weights to copy, {SPACE_MARGIN - 1:.0%} margin): prepare would fill NEW's disk"
+    )
+
+
 def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     old_layout, new_layout = m.layout(m.old), m.layout(m.new)
     for host in (m.old, m.new):
@@ -222,6 +243,12 @@ def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     revisions = revisions_served(profile, report, old_layout.models)
     items = seed.planned_files(profile, lock, old_layout.models.as_posix(), revisions)
     sizes = list(seed.iter_sizes(seed.FabricSide(m.conn(m.old), m.old.name), items))
+    free = int(
+        run(m, m.new, ["python3", "-c", FREE_BYTES, new_layout.models.as_posix()], what="NEW's free space").stdout
+    )
+    if problem := space_problem(m.new.name, new_layout.models.as_posix(), free=free, needed=sum(sizes)):
+        raise StepError(problem, hint="free space on NEW (or give its models directory a larger filesystem), then "
+                        "plan again; nothing was copied")  # fmt: skip
     servers = front_servers(m) if m.front is not None else {}
     for host in (m.old, m.new):
         if m.front is not None and host.name not in servers:
