@@ -509,3 +509,9 @@ def test_the_free_space_probe_runs_with_a_bare_python_and_reads_the_nearest_exis
     )
     assert done.returncode == 0, done.stderr
     assert abs(int(done.stdout) - shutil.disk_usage(tmp_path).free) < 512 * 1024**2
+
+
+def test_another_registry_digest_stops_verify_naming_both() -> None:
+    """NEW pulled another image than the one the site's lock recorded at the push."""
+    diffs = _differences(_new(**{"golden.identity.image_digest": "sha256:" + "2" * 64}))
+    assert diffs["identity: image_digest"].new == "sha256:" + "2" * 64

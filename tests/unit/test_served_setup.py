@@ -111,6 +111,22 @@ def test_a_goldens_key_follows_the_served_identity(tmp_path: Path) -> None:
     assert golden.key(golden.served_identity(profile, host, unit_file=unit, podman="podman")) != golden.key(base)
 
 
+def test_a_container_profile_s_identity_carries_the_registry_digest_its_lock_records(tmp_path: Path) -> None:
+    """Issue 23: verify compares the registry's digest where NEW pulled (the one the site's lock
+    recorded at the push), beside the image ID."""
+    host = local_layout(tmp_path)
+    profile = load_profile("cpu-rehearsal-container")
+    unit = tmp_path / "none.container"
+    assert golden.served_identity(profile, host, unit_file=unit, podman="podman")["image_digest"] is None
+    host.lock.parent.mkdir(parents=True, exist_ok=True)
+    lock = Lock(host.lock)
+    lock.record(profile.name, "engine.image.digest", "sha256:" + "3" * 64, by="image push")
+    lock.save()
+    assert (
+        golden.served_identity(profile, host, unit_file=unit, podman="podman")["image_digest"] == "sha256:" + "3" * 64
+    )
+
+
 def test_a_golden_is_recorded_from_a_serving_engine_only_when_its_answers_are_right(tmp_path: Path) -> None:
     """`served-identity --record-golden` (migrate plan, for a host whose verified run predates
     goldens), against a vLLM stand-in on a loopback port: a right engine's coherence outputs become

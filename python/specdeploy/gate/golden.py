@@ -39,11 +39,14 @@ def served_identity(profile: Profile, host: layout.HostLayout, *, unit_file: Pat
     engine = profile.engine
     commit = engine.source.commit
     lock = Lock(host.lock).data.get("profiles", {}).get(profile.name, {}) if host.lock.is_file() else {}
+    digest = (lock.get("engine.image.digest") or {}).get("value") if engine.runtime == "container" else None
     return {
         "engine": engine.kind,
         "version": engine.source.version.value,
         "commit": commit.value if commit is not None else None,
         "image_id": _image_id(unit_file, podman) if engine.runtime == "container" else None,
+        # the registry's digest of the image (the site's lock records it at the push; a host pulls by it)
+        "image_digest": digest,
         # the weight, config and image hashes the lock holds for the profile, as one digest
         "lock_sha256": hashlib.sha256(json.dumps(lock, sort_keys=True).encode()).hexdigest(),
         "serve": engine.serve.model_dump(mode="json"),

@@ -10,7 +10,7 @@ is named with both values, and traffic stays on OLD.
 | gate verdict | `verdict` | NEW's gate did not pass |
 | served engine and version | smoke identity stage | not equal |
 | served speculation (method, k) | smoke identity stage | not equal |
-| stack identity (`IDENTITY_FIELDS`: image ID, the lock's hashes, ...) | `golden.identity` | a field differs |
+| stack identity (`IDENTITY_FIELDS`: image ID and digest, the lock's hashes...) | `golden.identity` | a field differs |
 | golden transcript | OLD `golden.key`, NEW `golden.compared_with` | NEW's gate did not compare with OLD's golden |
 | acceptance | acceptance stage `interval_95` | NEW's interval lies wholly below OLD's |
 | decode tok/s | throughput stage | NEW's below OLD's by more than `migration.decode_rate_tolerance` |
@@ -28,7 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-IDENTITY_FIELDS = ("engine", "version", "commit", "image_id", "lock_sha256", "serve", "speculative", "env")
+IDENTITY_FIELDS = (
+    "engine", "version", "commit", "image_id", "image_digest", "lock_sha256", "serve", "speculative", "env",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
