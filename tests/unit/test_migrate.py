@@ -304,6 +304,23 @@ def test_a_file_on_old_that_differs_from_the_lock_stops_the_seed_and_is_not_put_
     assert new.size(items[0].path) is None  # never renamed into place
 
 
+def test_a_damaged_site_mirror_is_named_and_nothing_is_put_in_place(tmp_path: Path) -> None:
+    """`migrate prepare --seed-from MIRROR`: the mirror is the source side, verified like OLD."""
+    import shutil
+
+    old, new, items = _hosts(tmp_path)
+    shutil.copytree(tmp_path / "old", tmp_path / "mirror")
+    mirror = seed.LocalSide(tmp_path / "mirror", "site-mirror")
+    mirror._p(items[0].path).write_bytes(b'{"a": 3}')
+    with pytest.raises(SpecdeployError) as caught:
+        seed.seed(mirror, new, items)
+    assert "copied from site-mirror" in caught.value.message and "site-mirror's file differs" in caught.value.message
+    assert new.size(items[0].path) is None
+    mirror._p(items[0].path).write_bytes(old._p(items[0].path).read_bytes())
+    seed.seed(mirror, new, items)  # the mirror mended: the rest is copied, the bad part replaced
+    assert all(new._p(i.path).read_bytes() == old._p(i.path).read_bytes() for i in items)
+
+
 # --------------------------------------------------------------------------- load through the front
 
 

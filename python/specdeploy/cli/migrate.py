@@ -103,6 +103,8 @@ def _step(
         )
     if front is not None:
         record.check_host_name(front, "--front")
+    if options.get("seed_from") is not None:
+        record.check_host_name(options["seed_from"], "--seed-from")
     if not inventory.is_file():
         raise UsageError(f"--inventory {inventory}: expected the site's inventory file, found none",
                          hint="pass the inventory the deploys use (-i)")  # fmt: skip
@@ -120,6 +122,8 @@ def _step(
         deploy_args=deploy_args,
         progress=lambda text: output.err.print(f"{step}: {text}", highlight=False, markup=False),
     )  # fmt: skip
+    if options.get("seed_from") is not None:
+        options["seed_from"] = access(options["seed_from"])
     rec.start(step)  # type: ignore[arg-type]
     record.save(site, rec)
     try:
@@ -184,10 +188,32 @@ def _command(step: str, doc: str) -> None:
 
 
 _command("plan", "Check both hosts, OLD's verified gate, golden and identity; print what will be copied.")
-_command("prepare", "Seed NEW's weights from OLD (verified, resumable), copy OLD's golden, deploy OLD's profile.")
 _command("verify", "Gate NEW and compare it with OLD's last verified gate; any difference stops here.")
 _command("cutover", "Through the front: NEW in, OLD drained (in-flight requests finish), OLD out.")
 _command("rollback", "Back to OLD from any step: OLD in, NEW drained, NEW out.")
+
+
+@migrate_app.command("prepare")
+def prepare(
+    old: FromOpt,
+    new: ToOpt,
+    inventory: InventoryOpt,
+    front: FrontOpt = None,
+    socket: SocketOpt = "/run/haproxy/admin.sock",
+    vault: VaultOpt = None,
+    seed_from: Annotated[
+        str | None,
+        typer.Option(
+            "--seed-from",
+            help="an inventory host (a site mirror) to copy the weights from instead of OLD: its models "
+            "directory at the same path; every file is verified against the lock either way",
+        ),
+    ] = None,
+    deploy_args: DeployArgs = None,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Seed NEW's weights from OLD or --seed-from (verified, resumable), copy OLD's golden, deploy OLD's profile."""
+    _step("prepare", old, new, inventory, front, socket, vault, list(deploy_args or []), as_json, seed_from=seed_from)
 
 
 @migrate_app.command("finish")

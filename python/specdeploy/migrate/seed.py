@@ -251,9 +251,10 @@ def _one(old: Side, new: Side, item: SeedFile, result: SeedResult, progress: Cal
     if found != item.sha256:
         raise SeedError(
             f"{item.path}: copied from {old.name}, its sha256 on {new.name} is {found}, the lock says "
-            f"{item.sha256}: OLD's file differs from the lock; it was not put in place",
-            hint=f"OLD's weights are damaged: verify them on {old.name} (`specdeploy weights verify`) before "
-            "anything else; traffic stays on OLD. Seeding from a site mirror is the other way (docs/migration.md)",
+            f"{item.sha256}: {old.name}'s file differs from the lock; it was not put in place",
+            hint=f"{old.name}'s weights are damaged: verify them there (`specdeploy weights verify`) before "
+            "anything else; traffic stays on OLD. Or seed from another copy: `migrate prepare --seed-from HOST` "
+            "(docs/migration.md)",
         )
     new.rename(item.path + PART, item.path)
     action = f"resumed at byte {resumed}" if resumed else "copied"

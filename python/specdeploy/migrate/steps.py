@@ -294,8 +294,11 @@ def image_source(deploy_args: list[str]) -> str:
     return found
 
 
-def prepare(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
+def prepare(m: Migration, rec: record.MigrationRecord, seed_from: HostAccess | None = None) -> dict[str, Any]:
+    """`seed_from`: a site mirror (an inventory host holding the models directory at OLD's path) to copy
+    the weights from instead of OLD; each file is verified against the lock all the same."""
     source = image_source(m.deploy_args)
+    origin = seed_from or m.old
     planned = rec.steps["plan"].details
     profile_path = m.workdir / "profiles" / f"{planned['profile']}.yaml"
     profile = load_profile(profile_path)
@@ -306,8 +309,8 @@ def prepare(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
             "same path",
             hint="give NEW the same specdeploy_models_dir as OLD in the inventory, then plan again",
         )
-    m.progress(f"seeding {len(items)} files from {m.old.name} to {m.new.name}")
-    seeded = seed.seed(seed.FabricSide(m.conn(m.old), m.old.name), seed.FabricSide(m.conn(m.new), m.new.name), items)
+    m.progress(f"seeding {len(items)} files from {origin.name} to {m.new.name}")
+    seeded = seed.seed(seed.FabricSide(m.conn(origin), origin.name), seed.FabricSide(m.conn(m.new), m.new.name), items)
     old_layout, new_layout = m.layout(m.old), m.layout(m.new)
     key = planned["identity_key"]
     golden_text = run(m, m.old, ["cat", "--", f"{old_layout.golden.as_posix()}/{key}.json"], what="OLD's golden")
@@ -329,7 +332,10 @@ def prepare(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
             hint=f"read the play's log in {m.workdir}, fix what it names, and run `migrate prepare` again "
             "(verified files are not copied again)",
         )
-    return {"seed": seeded.to_json(), "golden": key, "deploy": "passed", "gate_run": run_id}
+    return {
+        "seed": seeded.to_json() | {"from": origin.name}, "golden": key, "deploy": "passed", "gate_run": run_id,
+        "images_source": source,
+    }  # fmt: skip
 
 
 def verify(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
