@@ -212,15 +212,24 @@ def deploy_cmd(
 @app.command("migrate")
 def migrate_cmd(
     requests: Annotated[int, typer.Option(min=4, help="streaming requests sent through the front during cutover")] = 12,
+    finish: Annotated[
+        bool,
+        typer.Option(
+            "--finish",
+            help="then, after the profile's soak, `migrate finish --stop-old`: OLD taken out of service "
+            "(weights and state kept)",
+        ),
+    ] = False,
 ) -> None:
     """Move the main job's deployment to a new host (README "Move to a new host"): the main job
     first (OLD), then NEW and the front booted or reused, the front deployed and OLD behind it, then
     `specdeploy migrate plan`, `prepare`, `verify` and `cutover` (under load through the front), each
-    printed before it runs. Prints a table of the steps. Exit 0 when all four passed, else 1."""
+    printed before it runs, and with --finish `migrate finish --stop-old` after the soak. Prints a
+    table of the steps. Exit 0 when every step passed and no request failed, else 1."""
     from specdeploy.rehearsal import deploy, migration
 
     deploy.check_controller()
-    rows = migration.main_job_move(requests=requests)
+    rows = migration.main_job_move(requests=requests, finish=finish)
     table = Table("step", "exit", "summary", "load (sent / ok / failed)", title="migration rehearsal")
     for row in rows:
         sent = row.get("load")

