@@ -5,6 +5,7 @@ checked by systemd and quadlet on a real host in tests/integration/test_units_on
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,9 @@ def test_a_stopping_vllm_lets_requests_in_flight_finish_for_the_drain_s_time_and
     for name in ("a6000-dflash", "a6000-dflash-stock", "cpu-rehearsal", "cpu-rehearsal-container"):
         profile = load_profile(name)
         wait = engine_args.shutdown_timeout_s(profile)
-        assert wait >= profile.migration.drain_timeout_s
+        chosen = profile.engine.serve.shutdown_timeout_s
+        assert wait == (chosen if chosen is not None else math.ceil(profile.migration.drain_timeout_s))
+        assert wait > 0, "0 would abort requests in flight"
         argv = engine_args.render(profile, model="/m", drafter="/d").engine_args
         assert argv[argv.index("--shutdown-timeout") + 1] == str(wait)
         where = {"python": "/p"} if profile.engine.runtime == "venv" else {"image": "img@sha256:" + "0" * 64}
@@ -136,5 +139,8 @@ def test_a_stopping_vllm_lets_requests_in_flight_finish_for_the_drain_s_time_and
             if line.startswith(("TimeoutStopSec=", "StopTimeout="))
         ]
         assert stops and all(stop > wait for stop in stops), (name, stops)
+    # the GPU profiles wait the drain's time; the CPU rehearsal's nested hosts wait out every stop in full
+    assert engine_args.shutdown_timeout_s(load_profile("a6000-dflash")) == 600
+    assert engine_args.shutdown_timeout_s(load_profile("cpu-rehearsal-container")) == 5
     sglang = load_profile("a6000-mtp")
     assert "--shutdown-timeout" not in engine_args.render(sglang, model="/m", drafter=None).engine_args

@@ -53,11 +53,13 @@ class EngineCommand:
 
 
 def shutdown_timeout_s(profile: Profile) -> int:
-    """How long a stopping engine lets its requests in flight finish: the profile's
-    `migration.drain_timeout_s` (a long generation's time), one figure for the front's drain, vLLM's
-    `--shutdown-timeout` (vLLM >= 0.18, vllm-project/vllm#34730: 0, its default, aborts them) and
-    the units' stop timeouts (engine.units), so a stop never cuts a stream the drain would have let end."""
-    return math.ceil(profile.migration.drain_timeout_s)
+    """How long a stopping engine lets its requests in flight finish: `engine.serve.shutdown_timeout_s`,
+    by default the profile's `migration.drain_timeout_s` (a long generation's time, what the front
+    waits for a drain), so a stop never cuts a stream the drain would have let end. vLLM's
+    `--shutdown-timeout` (vLLM >= 0.18; 0, its default, aborts them) and the units' stop timeouts
+    (engine.units) read it here."""
+    chosen = profile.engine.serve.shutdown_timeout_s
+    return chosen if chosen is not None else math.ceil(profile.migration.drain_timeout_s)
 
 
 def _vllm(profile: Profile, model: str, drafter: str | None, speculative_on: bool) -> list[str]:

@@ -284,6 +284,12 @@ class ServeSpec(_Strict):
     enforce_eager: bool = False
     enable_prefix_caching: bool | None = None
     max_num_batched_tokens: int | None = Field(None, ge=1)
+    shutdown_timeout_s: int | None = Field(
+        None,
+        ge=0,
+        description="how long a stopping vLLM lets its requests in flight finish (its --shutdown-timeout; 0 "
+        "aborts them); None: the profile's migration.drain_timeout_s, the time the front waits for a drain",
+    )
     api_key: SecretRef | None = None
     extra_args: list[str] = Field(default_factory=list)
 
