@@ -88,7 +88,8 @@ def test_a_registry_whose_processes_died_with_a_session_is_replaced_and_answers_
     held the old one: the registry did not answer for over a minute. Now an address keeps its MAC."""
     site = registry.start_registry()
     pids = subprocess.run(
-        [*PODMAN.split(), "inspect", "--format", "{{.State.Pid}} {{.State.ConmonPid}}", registry.NAME],
+        # conmon first: left alive a moment, it would record the exit and podman would list it exited
+        [*PODMAN.split(), "inspect", "--format", "{{.State.ConmonPid}} {{.State.Pid}}", registry.NAME],
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     for pid in pids:

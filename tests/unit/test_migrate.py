@@ -492,11 +492,18 @@ def test_a_move_is_done_only_when_every_step_passed_and_no_loaded_request_failed
 def test_prepare_gives_new_old_s_image_by_pull_or_archive_and_refuses_a_rebuild() -> None:
     from specdeploy.migrate import steps
 
-    assert steps.image_source([]) == "pull"  # passed explicitly: no inventory setting makes NEW rebuild
+    assert steps.image_source([]) == "pull"  # passed explicitly to NEW's deploy
+    assert steps.image_source([], "archive") == "archive"  # an air-gapped site's inventory setting is kept
     assert steps.image_source(["-e", "images_registry=r:5000", "-e", "images_source=archive"]) == "archive"
-    with pytest.raises(steps.StepError) as refused:
-        steps.image_source(["--extra-vars", "images_source=build"])
-    assert "images_source=build" in refused.value.message and "pull, archive" in refused.value.message
+    assert steps.image_source(["--extra-vars=images_source=archive"], "pull") == "archive"
+    assert steps.image_source(["-e", "weights_source=present images_source=archive"]) == "archive"
+    for args, inventory in ((["--extra-vars", "images_source=build"], None), ([], "build")):
+        with pytest.raises(steps.StepError) as refused:
+            steps.image_source(args, inventory)
+        assert "images_source=build" in refused.value.message and "pull, archive" in refused.value.message
+    for unreadable in ("@site-vars.yml images_source", '{"images_source": "build"}'):
+        with pytest.raises(steps.StepError, match="does not read"):
+            steps.image_source(["-e", unreadable])
 
 
 def test_the_load_s_api_key_is_never_in_its_spec_s_repr() -> None:
@@ -536,5 +543,26 @@ def test_the_free_space_probe_runs_with_a_bare_python_and_reads_the_nearest_exis
 
 def test_another_registry_digest_stops_verify_naming_both() -> None:
     """NEW pulled another image than the one the site's lock recorded at the push."""
-    diffs = _differences(_new(**{"golden.identity.image_digest": "sha256:" + "2" * 64}))
-    assert diffs["identity: image_digest"].new == "sha256:" + "2" * 64
+    old = copy.deepcopy(OLD)
+    old["golden"]["identity"]["image_digest"] = "sha256:" + "1" * 64
+    new = _new(**{"golden.identity.image_digest": "sha256:" + "2" * 64})
+    diffs = {d.what: d for d in compare.compare(old, new, decode_rate_tolerance=0.25).differences}
+    assert (diffs["identity: image_digest"].old, diffs["identity: image_digest"].new) == (
+        "sha256:" + "1" * 64,
+        "sha256:" + "2" * 64,
+    )
+
+
+def test_an_identity_field_old_s_older_cli_did_not_record_is_not_compared_and_keys_are_unchanged() -> None:
+    """Upgrading the CLI adds `image_digest` to the identity: an OLD verified before it still moves
+    (the digest is in `lock_sha256` anyway), and its goldens keep their keys."""
+    from specdeploy.gate import golden
+
+    old = copy.deepcopy(OLD)
+    old["golden"]["identity"].pop("image_digest", None)
+    new = _new(**{"golden.identity.image_digest": "sha256:" + "4" * 64})
+    result = compare.compare(old, new, decode_rate_tolerance=0.25)
+    line = next(x for x in result.lines if x.what == "identity: image_digest")
+    assert line.same is None and "predates" in line.note and result.same
+    identity = dict(OLD["golden"]["identity"])
+    assert golden.key({**identity, "image_digest": "sha256:" + "4" * 64}) == golden.key(identity)

@@ -68,8 +68,14 @@ def _image_id(unit_file: Path, podman: str) -> str | None:
         return None
 
 
+# Fields shown and compared (migrate verify) but not keyed: `image_digest` is the lock entry
+# `lock_sha256` already hashes, and keying it would have orphaned every golden recorded before it.
+NOT_KEYED = frozenset({"image_digest"})
+
+
 def key(identity: dict[str, Any]) -> str:
-    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    keyed = {name: value for name, value in identity.items() if name not in NOT_KEYED}
+    canonical = json.dumps(keyed, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

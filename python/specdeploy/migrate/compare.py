@@ -116,6 +116,9 @@ def compare(old: dict[str, Any], new: dict[str, Any], *, decode_rate_tolerance: 
         # a report without an identity proves nothing: NEW may not be taken for OLD's equal
         missing = [who for who, found in (("OLD", old_identity), ("NEW", new_identity)) if not found]
         note = f"{' and '.join(missing)}'s report has no identity: cannot show NEW is the same stack" if missing else ""
+        if not missing and name not in old_identity:  # OLD's CLI predates the field: what it has is compared
+            lines.append(Line(f"identity: {name}", a, b, None, "OLD's identity predates this field: not compared"))
+            continue
         lines.append(Line(f"identity: {name}", a, b, not missing and a == b, note))
     old_key = (old.get("golden") or {}).get("key")
     compared = (new.get("golden") or {}).get("compared_with")

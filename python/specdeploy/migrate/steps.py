@@ -276,18 +276,41 @@ def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
 IMAGE_SOURCES = ("pull", "archive")
 
 
-def image_source(deploy_args: list[str]) -> str:
-    """The images role's source the site's deploy.yml arguments ask for (`-e images_source=...`),
-    `pull` where they name none: prepare passes it explicitly, so no inventory setting can make
-    NEW rebuild. A rebuild is refused: it could differ from the image OLD serves."""
-    found = "pull"
-    for flag, value in zip(deploy_args, deploy_args[1:], strict=False):
-        if flag in ("-e", "--extra-vars") and value.startswith("images_source="):
-            found = value.split("=", 1)[1]
+def _extra_vars(deploy_args: list[str]) -> list[str]:
+    """The values of every `-e`/`--extra-vars` among deploy.yml's arguments, in order."""
+    found = []
+    for i, arg in enumerate(deploy_args):
+        if arg in ("-e", "--extra-vars") and i + 1 < len(deploy_args):
+            found.append(deploy_args[i + 1])
+        elif arg.startswith("--extra-vars="):
+            found.append(arg.split("=", 1)[1])
+        elif arg.startswith("-e") and len(arg) > 2 and not arg.startswith("--"):
+            found.append(arg[2:])
+    return found
+
+
+def image_source(deploy_args: list[str], inventory_value: Any = None) -> str:
+    """The images role's source for NEW: the site's `-e images_source=...` (the last one wins, as in
+    Ansible), else the inventory's `images_source` for NEW, else `pull`. Prepare passes it explicitly.
+    A rebuild is refused: it could differ from the image OLD serves; so is an `-e` naming
+    images_source in a form this cannot read (a file, JSON), rather than guess what it says."""
+    found = str(inventory_value) if inventory_value else "pull"
+    for value in _extra_vars(deploy_args):
+        if "images_source" not in value:
+            continue
+        if value.lstrip().startswith(("@", "{", "[")):
+            raise StepError(
+                f"deploy.yml arguments: -e {value[:80]}: names images_source in a form prepare does not read; "
+                "nothing was copied",
+                hint="pass it as -e images_source=pull (or =archive) on its own",
+            )
+        for pair in shlex.split(value):
+            if pair.startswith("images_source="):
+                found = pair.split("=", 1)[1]
     if found not in IMAGE_SOURCES:
         raise StepError(
-            f"deploy.yml arguments: images_source={found}: prepare gives NEW OLD's image, expected one of "
-            f"{', '.join(IMAGE_SOURCES)}; nothing was copied",
+            f"images_source={found} (the site's arguments or the inventory for NEW): prepare gives NEW OLD's "
+            f"image, expected one of {', '.join(IMAGE_SOURCES)}; nothing was copied",
             hint="pass -e images_source=pull (the image by digest from the site registry, the default) or "
             "-e images_source=archive (the image's archive); a rebuild could differ from what OLD serves",
         )
@@ -297,7 +320,10 @@ def image_source(deploy_args: list[str]) -> str:
 def prepare(m: Migration, rec: record.MigrationRecord, seed_from: HostAccess | None = None) -> dict[str, Any]:
     """`seed_from`: a site mirror (an inventory host holding the models directory at OLD's path) to copy
     the weights from instead of OLD; each file is verified against the lock all the same."""
-    source = image_source(m.deploy_args)
+    source = image_source(
+        m.deploy_args,
+        host_vars(m.inventory, m.new.name, vault_password_file=m.vault_password_file).get("images_source"),
+    )
     origin = seed_from or m.old
     planned = rec.steps["plan"].details
     profile_path = m.workdir / "profiles" / f"{planned['profile']}.yaml"
