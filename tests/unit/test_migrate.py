@@ -519,7 +519,7 @@ def test_plan_refuses_a_new_host_whose_disk_cannot_take_the_weights_naming_both_
     assert steps.space_problem("new-host", "/var/lib/specdeploy/models", free=60 * gib, needed=54 * gib) is None
     problem = steps.space_problem("new-host", "/var/lib/specdeploy/models", free=40 * gib, needed=54 * gib) or ""
     assert "new-host: 40.0 GiB free for /var/lib/specdeploy/models" in problem
-    assert "54.0 GiB of weights to copy" in problem and "would fill NEW's disk" in problem
+    assert "54.0 GiB of weights NEW lacks" in problem and "would fill NEW's disk" in problem
 
 
 def test_the_free_space_probe_runs_with_a_bare_python_and_reads_the_nearest_existing_parent(tmp_path: Path) -> None:
@@ -566,3 +566,11 @@ def test_an_identity_field_old_s_older_cli_did_not_record_is_not_compared_and_ke
     assert line.same is None and "predates" in line.note and result.same
     identity = dict(OLD["golden"]["identity"])
     assert golden.key({**identity, "image_digest": "sha256:" + "4" * 64}) == golden.key(identity)
+
+
+def test_seeding_new_from_itself_is_refused_before_any_host_is_reached(cli: Any, tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text("[rehearsal]\nold-host\nnew-host\n")
+    done = cli("migrate", "prepare", "--from", "old-host", "--to", "new-host", "-i", inventory,
+               "--seed-from", "new-host")  # fmt: skip
+    assert done.exit_code == 2 and "--seed-from names NEW itself (new-host)" in done.stderr

@@ -105,6 +105,11 @@ def _step(
         record.check_host_name(front, "--front")
     if options.get("seed_from") is not None:
         record.check_host_name(options["seed_from"], "--seed-from")
+        if options["seed_from"] == new:
+            raise UsageError(
+                f"--seed-from names NEW itself ({new}): the weights are copied to it, from OLD or a mirror",
+                hint="leave --seed-from out to copy from OLD, or name the site mirror's inventory host",
+            )
     if not inventory.is_file():
         raise UsageError(f"--inventory {inventory}: expected the site's inventory file, found none",
                          hint="pass the inventory the deploys use (-i)")  # fmt: skip

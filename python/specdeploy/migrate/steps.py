@@ -197,7 +197,7 @@ def space_problem(host: str, path: str, *, free: int, needed: int) -> str | None
         return None
     return (
         f"{host}: {human(free)} free for {path}, expected at least {human(int(needed * SPACE_MARGIN))} "
-        f"({human(needed)} of weights to copy, {SPACE_MARGIN - 1:.0%} margin): prepare would fill NEW's disk"
+        f"({human(needed)} of weights NEW lacks, {SPACE_MARGIN - 1:.0%} margin): prepare would fill NEW's disk"
     )
 
 
@@ -246,7 +246,10 @@ def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     free = int(
         run(m, m.new, ["python3", "-c", FREE_BYTES, new_layout.models.as_posix()], what="NEW's free space").stdout
     )
-    if problem := space_problem(m.new.name, new_layout.models.as_posix(), free=free, needed=sum(sizes)):
+    # what NEW lacks: a file already there at its full size (a resumed prepare, a former OLD) takes no more
+    on_new = seed.iter_sizes(seed.FabricSide(m.conn(m.new), m.new.name), items)
+    missing = sum(size for size, there in zip(sizes, on_new, strict=True) if there != size)
+    if problem := space_problem(m.new.name, new_layout.models.as_posix(), free=free, needed=missing):
         raise StepError(problem, hint="free space on NEW (or give its models directory a larger filesystem), then "
                         "plan again; nothing was copied")  # fmt: skip
     servers = front_servers(m) if m.front is not None else {}
@@ -334,6 +337,12 @@ def prepare(m: Migration, rec: record.MigrationRecord, seed_from: HostAccess | N
             f"OLD keeps models in {planned['models_old']}, NEW in {planned['models_new']}: seeding copies to the "
             "same path",
             hint="give NEW the same specdeploy_models_dir as OLD in the inventory, then plan again",
+        )
+    if origin is not m.old and m.layout(origin).models.as_posix() != planned["models_old"]:
+        raise StepError(
+            f"--seed-from {origin.name} keeps models in {m.layout(origin).models.as_posix()}, OLD in "
+            f"{planned['models_old']}: the lock's files are copied from the same paths",
+            hint=f"give {origin.name} the same specdeploy_models_dir as OLD in the inventory, or seed from OLD",
         )
     m.progress(f"seeding {len(items)} files from {origin.name} to {m.new.name}")
     seeded = seed.seed(seed.FabricSide(m.conn(origin), origin.name), seed.FabricSide(m.conn(m.new), m.new.name), items)

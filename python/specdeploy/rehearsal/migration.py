@@ -310,6 +310,7 @@ def main_job_move(*, requests: int = 12, finish: bool = False) -> list[dict[str,
     front deployed and OLD re-deployed behind it (publishing on its internal address), then
     `specdeploy migrate plan`, `prepare`, `verify` and `cutover` — the last under a bounded streaming
     load through the front. Each command is printed before it runs; returns one row per step."""
+    from specdeploy.migrate import record
     from specdeploy.profile import load_profile
     from specdeploy.rehearsal import deploy, hub, registry
 
@@ -327,6 +328,12 @@ def main_job_move(*, requests: int = 12, finish: bool = False) -> list[dict[str,
         state, old=old, old_ip=deploy.HOST_IP, new=new, front=front, profile=deploy.PROFILE, cert=cert,
         new_ip=MAIN_NEW_IP,
     )  # fmt: skip
+    # a move of its own: an earlier run's record (traffic on NEW, or finished) would refuse its plan
+    earlier = record.path(state, old.name, new.name)
+    if earlier.exists():
+        kept = earlier.with_name(f"{earlier.stem}.{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}.json")
+        earlier.rename(kept)
+        print(f"the earlier run's migration record kept as {kept}", file=sys.stderr)
     site = registry.start_registry()
     vault = deploy.rehearsal_vault(state / "secrets")
     # OLD keeps its verified weights (present); the image by digest from the site registry
