@@ -12,7 +12,6 @@ launcher redacts it from the engine's output).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,13 +52,13 @@ class EngineCommand:
 
 
 def shutdown_timeout_s(profile: Profile) -> int:
-    """How long a stopping engine lets its requests in flight finish: `engine.serve.shutdown_timeout_s`,
-    by default the profile's `migration.drain_timeout_s` (a long generation's time, what the front
-    waits for a drain), so a stop never cuts a stream the drain would have let end. vLLM's
-    `--shutdown-timeout` (vLLM >= 0.18; 0, its default, aborts them) and the units' stop timeouts
-    (engine.units) read it here."""
+    """How long a stopping vLLM lets its requests in flight finish (`--shutdown-timeout`, vLLM >= 0.18):
+    `engine.serve.shutdown_timeout_s`, by default 0 (vLLM's own default: abort them). Opt-in, not
+    the drain's time by default: with a drain the engine keeps answering /health while it stops, and a
+    deploy's gate met the previous engine that way (docs/benchmarks.md footnote 10); the front drains
+    a host before any planned stop, so nothing is in flight then anyway."""
     chosen = profile.engine.serve.shutdown_timeout_s
-    return chosen if chosen is not None else math.ceil(profile.migration.drain_timeout_s)
+    return chosen if chosen is not None else 0
 
 
 def _vllm(profile: Profile, model: str, drafter: str | None, speculative_on: bool) -> list[str]:
@@ -82,7 +81,8 @@ def _vllm(profile: Profile, model: str, drafter: str | None, speculative_on: boo
         argv.append("--enable-prefix-caching" if serve.enable_prefix_caching else "--no-enable-prefix-caching")
     if serve.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(serve.max_num_batched_tokens)]
-    argv += ["--shutdown-timeout", str(shutdown_timeout_s(profile))]
+    if shutdown_timeout_s(profile):  # 0 is vLLM's own default: not rendered
+        argv += ["--shutdown-timeout", str(shutdown_timeout_s(profile))]
     if not speculative_on:
         return argv + list(serve.extra_args)
     speculative: dict[str, object] = {

@@ -144,7 +144,7 @@ class RenderedUnit:
 # How often an engine may fail to start before systemd gives up and marks the unit failed
 # (seconds, starts): a container engine loads 27B weights for minutes, a CPU one in seconds.
 # Past the engine's own shutdown timeout (engine.args.shutdown_timeout_s): time to exit before a kill.
-STOP_MARGIN_S = 25
+STOP_MARGIN_S = 30
 START_LIMIT = {"container": (3600, 3), "venv": (600, 3)}
 
 
