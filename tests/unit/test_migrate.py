@@ -574,3 +574,14 @@ def test_seeding_new_from_itself_is_refused_before_any_host_is_reached(cli: Any,
     done = cli("migrate", "prepare", "--from", "old-host", "--to", "new-host", "-i", inventory,
                "--seed-from", "new-host")  # fmt: skip
     assert done.exit_code == 2 and "--seed-from names NEW itself (new-host)" in done.stderr
+
+
+def test_a_host_s_inventory_variables_never_show_in_its_repr_or_json() -> None:
+    """HostAccess keeps the inventory's variables (read once, for the layout and the image source);
+    vault-decrypted values among them must not reach a log or a traceback."""
+    from specdeploy.migrate.hosts import HostAccess
+
+    secret = "sk-CANARY-hostvars-0002"
+    host = HostAccess("new-host", "127.0.0.1", 22, "root", None, "10.0.0.2", True, {"engine_api_key": secret})
+    assert host.variables["engine_api_key"] == secret
+    assert secret not in repr(host) and secret not in json.dumps(host.to_json())

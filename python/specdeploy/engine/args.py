@@ -81,8 +81,8 @@ def _vllm(profile: Profile, model: str, drafter: str | None, speculative_on: boo
         argv.append("--enable-prefix-caching" if serve.enable_prefix_caching else "--no-enable-prefix-caching")
     if serve.max_num_batched_tokens is not None:
         argv += ["--max-num-batched-tokens", str(serve.max_num_batched_tokens)]
-    if shutdown_timeout_s(profile):  # 0 is vLLM's own default: not rendered
-        argv += ["--shutdown-timeout", str(shutdown_timeout_s(profile))]
+    if drain := shutdown_timeout_s(profile):  # 0 is vLLM's own default: not rendered
+        argv += ["--shutdown-timeout", str(drain)]
     if not speculative_on:
         return argv + list(serve.extra_args)
     speculative: dict[str, object] = {

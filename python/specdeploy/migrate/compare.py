@@ -111,11 +111,11 @@ def compare(old: dict[str, Any], new: dict[str, Any], *, decode_rate_tolerance: 
     lines.append(Line("served speculation (method, k)", _pair(old_spec), _pair(new_spec), old_spec == new_spec))
     old_identity = (old.get("golden") or {}).get("identity") or {}
     new_identity = (new.get("golden") or {}).get("identity") or {}
+    # a report without an identity proves nothing: NEW may not be taken for OLD's equal
+    missing = [who for who, found in (("OLD", old_identity), ("NEW", new_identity)) if not found]
+    note = f"{' and '.join(missing)}'s report has no identity: cannot show NEW is the same stack" if missing else ""
     for name in IDENTITY_FIELDS:
         a, b = old_identity.get(name), new_identity.get(name)
-        # a report without an identity proves nothing: NEW may not be taken for OLD's equal
-        missing = [who for who, found in (("OLD", old_identity), ("NEW", new_identity)) if not found]
-        note = f"{' and '.join(missing)}'s report has no identity: cannot show NEW is the same stack" if missing else ""
         if not missing and name not in old_identity:  # OLD's CLI predates the field: what it has is compared
             lines.append(Line(f"identity: {name}", a, b, None, "OLD's identity predates this field: not compared"))
             continue

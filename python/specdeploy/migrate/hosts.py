@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ class HostAccess:
     key_file: str | None
     internal_address: str
     check_host_key: bool
+    # everything the inventory says of the host, vault-decrypted values included: never printed
+    variables: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -99,6 +101,7 @@ def access(inventory: Path, name: str, *, vault_password_file: Path | None = Non
         else None,
         internal_address=str(variables.get("specdeploy_internal_address", address)),
         check_host_key="StrictHostKeyChecking=no" not in common.replace(" ", ""),
+        variables=variables,
     )
 
 

@@ -37,7 +37,7 @@ from specdeploy.core.housekeeping import human
 from specdeploy.core.programs import ansible_program
 from specdeploy.gate.run import new_run_id
 from specdeploy.migrate import compare, record, seed
-from specdeploy.migrate.hosts import HostAccess, connect, host_vars
+from specdeploy.migrate.hosts import HostAccess, connect
 from specdeploy.profile import Profile, load_profile
 from specdeploy.profile.lock import Lock
 from specdeploy.weights.fetch import models_of
@@ -70,7 +70,6 @@ class Migration:
     playbook_dir: Path | None = None
     progress: Callable[[str], None] = lambda message: None
     _connections: dict[str, Any] = field(default_factory=dict)
-    _layouts: dict[str, layout.HostLayout] = field(default_factory=dict)
 
     @property
     def lock_path(self) -> Path:
@@ -87,11 +86,8 @@ class Migration:
         return self._connections[host.name]
 
     def layout(self, host: HostAccess) -> layout.HostLayout:
-        """The host's state layout from its inventory variables (read once a step: ansible-inventory)."""
-        if host.name not in self._layouts:
-            variables = host_vars(self.inventory, host.name, vault_password_file=self.vault_password_file)
-            self._layouts[host.name] = layout.HostLayout.of(**{r: variables.get(v) for r, v in PATH_VARS.items()})
-        return self._layouts[host.name]
+        """The host's state layout from its inventory variables (read with its access)."""
+        return layout.HostLayout.of(**{r: host.variables.get(v) for r, v in PATH_VARS.items()})
 
     def close(self) -> None:
         for connection in self._connections.values():
@@ -323,10 +319,7 @@ def image_source(deploy_args: list[str], inventory_value: Any = None) -> str:
 def prepare(m: Migration, rec: record.MigrationRecord, seed_from: HostAccess | None = None) -> dict[str, Any]:
     """`seed_from`: a site mirror (an inventory host holding the models directory at OLD's path) to copy
     the weights from instead of OLD; each file is verified against the lock all the same."""
-    source = image_source(
-        m.deploy_args,
-        host_vars(m.inventory, m.new.name, vault_password_file=m.vault_password_file).get("images_source"),
-    )
+    source = image_source(m.deploy_args, m.new.variables.get("images_source"))
     origin = seed_from or m.old
     planned = rec.steps["plan"].details
     profile_path = m.workdir / "profiles" / f"{planned['profile']}.yaml"
