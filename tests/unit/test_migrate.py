@@ -374,6 +374,38 @@ def test_requests_ending_in_step_are_seen_as_the_load_dropping_to_none() -> None
     assert load.min_open(late, start=1.05, end=5.0) == 1
 
 
+def test_streams_that_end_in_one_turn_of_the_client_leave_all_but_one_open() -> None:
+    """Every round, the four streams are held until all four are open and then end in the same turn
+    of the client's event loop (what a loaded CI machine did: the count read 1). Each slot starts its
+    next request as its last one ends, so the sweep never sees fewer than in_flight - 1 open. The
+    transport is httpx's MockTransport: what is tested is the client's own scheduling."""
+    import asyncio
+
+    import httpx
+
+    waiting: list[asyncio.Future[None]] = []
+
+    async def engine(request: httpx.Request) -> httpx.Response:
+        held = asyncio.get_running_loop().create_future()
+        waiting.append(held)
+        if len(waiting) == 4:  # the round is full: all four end at once
+            for future in waiting:
+                future.set_result(None)
+            waiting.clear()
+        await held
+        return httpx.Response(200, content=b'data: {"choices": []}\n\ndata: [DONE]\n\n')
+
+    class Held(load.Load):
+        def _client(self) -> httpx.AsyncClient:
+            return httpx.AsyncClient(base_url="https://front", transport=httpx.MockTransport(engine))
+
+    spec = load.LoadSpec(url="https://front", api_key="k", model="m", total=12, in_flight=4)
+    with Held(spec) as running_load:
+        result = running_load.finish(30)
+    assert result.sent == 12 and result.ok == 12, result.to_json()
+    assert result.max_in_flight == 4 and result.min_in_flight_while_running == 3, result.to_json()
+
+
 def test_each_slot_keeps_a_length_of_its_own_so_ends_do_not_arrive_in_step() -> None:
     spec = load.LoadSpec(url="https://front", api_key="k", model="m", in_flight=4, max_tokens=448)
     assert [load.tokens_for(slot, spec) for slot in range(4)] == [448, 420, 392, 364]  # each outlasts the drain

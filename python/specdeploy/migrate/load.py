@@ -11,13 +11,13 @@ a failure.
 is the fewest requests open at any instant of the sustained window (from the moment `in_flight`
 were first open to the last send, or the stop), swept from every request's start and end times —
 an end counts before a start at the same instant, so the moment between a request's end and its
-replacement's start is seen. Requests of one length started together end together (an engine
-decodes them in one batch, step by step), and the load would drop to none at once. So each of the
-`in_flight` slots has a length of its own — `max_tokens`, then a sixteenth less per slot at four
-(`tokens_for`) — and a slot's next request takes its length: each slot repeats at its own period,
-and their ends meet only by chance, two at a time at most in a simulation of the engine's steps,
-which 4 in flight keeps at 2 open. (Lengths handed out by request number instead line up: the
-shortest first request's successor gets the longest length, and every pair sums alike.)
+replacement's start is seen. Each of the `in_flight` slots is a loop of its own that starts its
+next request in the same breath as its last one ends (no await between them), so ends that arrive
+together — an engine decodes its batch step by step, and a busy client reads several last events
+in one turn of its event loop — never open a gap wider than one request. (A single refill loop
+woken after ends did: three streams ended in one turn on a loaded CI machine, and the count read 1.)
+Each slot keeps a length of its own — `max_tokens`, then a sixteenth less per slot at four
+(`tokens_for`) — so the drain meets streams at different stages.
 """
 
 from __future__ import annotations
@@ -205,32 +205,33 @@ class Load:
         finally:
             request.ended = time.monotonic()
 
+    def _next(self, slot: int) -> Request | None:
+        """Slot `slot`'s next request, started now; None once the load stops sending (told to, or
+        `total` sent), which ends the sustained window at that moment if it had begun."""
+        with self._lock:
+            now = time.monotonic()
+            if self._stop.is_set() or len(self.result.requests) >= self.spec.total:
+                if self.result.full_at is not None and self.result.sustained_until is None:
+                    self.result.sustained_until = now
+                return None
+            request = Request(len(self.result.requests), now, slot, tokens_for(slot, self.spec))
+            self.result.requests.append(request)
+            self._in_flight += 1
+            self.result.max_in_flight = max(self.result.max_in_flight, self._in_flight)
+            if self._in_flight == self.spec.in_flight and self.result.full_at is None:
+                self.result.full_at = now
+                self.started.set()
+            return request
+
+    async def _slot(self, client: httpx.AsyncClient, slot: int) -> None:
+        while (request := self._next(slot)) is not None:
+            await self._one(client, request)
+            with self._lock:
+                self._in_flight -= 1
+
     async def _run(self) -> None:
-        async with self._client() as client:
-            running: set[asyncio.Task[None]] = set()
-            slots: dict[asyncio.Task[None], int] = {}
-            free = list(range(self.spec.in_flight))
-            index = 0
-            while True:
-                while not self._stop.is_set() and free and index < self.spec.total:
-                    slot = free.pop(0)
-                    request = Request(index, time.monotonic(), slot, tokens_for(slot, self.spec))
-                    self.result.requests.append(request)
-                    task = asyncio.create_task(self._one(client, request))
-                    running.add(task)
-                    slots[task] = slot
-                    index += 1
-                now = time.monotonic()
-                self.result.max_in_flight = max(self.result.max_in_flight, len(running))
-                if len(running) == self.spec.in_flight:
-                    if self.result.full_at is None:
-                        self.result.full_at = now
-                    self.started.set()
-                sending = not self._stop.is_set() and index < self.spec.total
-                if self.result.full_at is not None and self.result.sustained_until is None and not sending:
-                    self.result.sustained_until = now  # the last send, or the stop: the load winds down
-                if not running:
-                    self.started.set()
-                    return
-                ended, running = await asyncio.wait(running, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
-                free += sorted(slots.pop(task) for task in ended)
+        try:
+            async with self._client() as client:
+                await asyncio.gather(*(self._slot(client, slot) for slot in range(self.spec.in_flight)))
+        finally:
+            self.started.set()  # a load that never filled its slots (total < in_flight) does not hang __enter__
