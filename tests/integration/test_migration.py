@@ -13,7 +13,8 @@ One chain, each test starting from what the previous left:
 1. the front is deployed and OLD re-deployed through it (now publishing on its internal address),
    behind it; NEW is in the front in maint; the front refuses /metrics, /tokenize and /invocations
    (which OLD's engine serves) and passes the client's key through to the engine;
-2. `migrate plan` reads OLD's verified gate, golden, profile and identity;
+2. `migrate plan` reads OLD's verified gate, golden, profile and identity, and runs deploy.yml's
+   preflight stage on NEW for OLD's profile (first refused: a program holds the engine's port);
 3. `migrate prepare` is interrupted (a seeded file's path on NEW taken by a directory, as a full
    disk would stop it), then resumed: the files already verified are not copied again;
 4. NEW made to serve another engine version — its image rebuilt on NEW with vLLM's version
@@ -153,10 +154,23 @@ def test_the_deployed_front_serves_only_v1_and_health_and_passes_the_client_s_ke
         assert client.get("/health").status_code == 200
 
 
-def test_plan_reads_old_s_verified_gate_golden_and_identity(site: Site) -> None:
+def test_plan_reads_old_s_verified_gate_golden_and_identity_and_preflights_new(site: Site) -> None:
+    """NEW is checked against OLD's profile by deploy.yml's own preflight stage: with another program
+    on the engine's port there, plan stops naming the check and the program; once it is gone, plan
+    passes and records NEW's preflight."""
+    port = load_profile(PROFILE).engine.serve.port
+    site.new.ssh(f"systemd-run --unit=squatter python3 -m http.server {port} --bind 0.0.0.0")
+    try:
+        code, out = site.migrate("plan")
+    finally:
+        site.new.ssh("systemctl stop squatter", check=False)
+    assert code == 1 and f"{NEW_NAME} cannot run {PROFILE}" in out["stderr"], out
+    assert f"port: {port} in use by pid" in out["stderr"] and "http.server" in out["stderr"], out["stderr"][-2000:]
+    assert site.record()["steps"]["plan"]["status"] == "failed"
     code, out = site.migrate("plan")
     assert code == 0, out
     details = out["details"]
+    assert details["new_preflight"]["passed"] is True
     assert details["profile"] == PROFILE and details["files"] >= 4 and details["bytes_to_copy"] > 0
     assert set(details["revisions"]) == {"target", "drafter"} and details["expected_downtime"].startswith("none")
 

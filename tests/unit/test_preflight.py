@@ -3,6 +3,7 @@ real nvidia-smi outputs replayed by the stand-in binary (tests/data/nvidia-smi).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -211,3 +212,24 @@ def test_a_newer_minor_than_the_driver_reports_is_a_warning_naming_minor_version
     inventory = gpus.GpuInventory("550.127.05", "12.4", 2, [])
     check = preflight._driver_check(load_profile("a6000-dflash"), inventory)
     assert check.level == "warn" and "minor version compatibility" in check.fix
+
+
+def test_the_report_is_kept_where_asked_whatever_the_verdict(cli, tmp_path: Path) -> None:
+    """`--report FILE` (the role's, for `migrate plan`): the same JSON as stdout, written atomically,
+    for a failing host too — here a port held by this process."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        profile = variants.materialize(
+            variants.on_port(load_profile("cpu-rehearsal"), "cpu-rehearsal-port", port), tmp_path / "profiles"
+        )
+        kept = tmp_path / "state" / "preflight.json"
+        kept.parent.mkdir()
+        args = ["preflight", "--profile", str(profile), "--weights-source", "present", "--json"]
+        result = cli(*args, "--models-dir", str(tmp_path / "models"), "--report", str(kept))
+    assert result.exit_code == 1, result.output
+    report = json.loads(kept.read_text())
+    assert report == json.loads(result.stdout)
+    assert {c["name"]: c["level"] for c in report["checks"]}["port"] == "fail"
+    assert [p.name for p in kept.parent.iterdir()] == ["preflight.json"]  # no temporary file left

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from specdeploy.cli import base, output
+from specdeploy.core import atomic
 from specdeploy.core.errors import UsageError
 from specdeploy.host import cdi, command
 from specdeploy.host import preflight as checks
@@ -61,6 +62,10 @@ def preflight(
             "(default: the profile's CUDA variant)"
         ),
     ] = None,
+    report_file: Annotated[
+        Path | None,
+        typer.Option("--report", help="also write the JSON report to this file (atomically; the role keeps it)"),
+    ] = None,
 ) -> None:
     """Check the host can run the profile: GPUs, compute capability, driver, NVLink, disk,
     podman, port, hub token. Exit 0 when nothing fails (warnings allowed), 1 otherwise; 2 for
@@ -84,6 +89,8 @@ def preflight(
         image=image,
     )
     report = checks.run(p, options)
+    if report_file is not None:
+        atomic.write_json(report_file, report.to_json())
 
     def table() -> None:
         t = Table("check", "", "found", "needs", title=f"preflight: {p.name}")

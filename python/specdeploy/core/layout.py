@@ -158,6 +158,11 @@ class HostLayout:
         return self.state / "profiles"
 
     @property
+    def preflight(self) -> Path:
+        """The last preflight's report (the preflight role's; `migrate plan` reads NEW's)."""
+        return self.state / "preflight.json"
+
+    @property
     def golden(self) -> Path:
         """Golden transcripts, one per served identity (gate.golden)."""
         return self.state / "golden"
@@ -210,7 +215,7 @@ class HostLayout:
 
     def to_json(self) -> dict[str, str]:
         names = (
-            "models", "serving", "state", "cache", "lock", "rollback", "runs", "verified", "golden",
+            "models", "serving", "state", "cache", "lock", "rollback", "runs", "verified", "golden", "preflight",
             "drafter_serving", "target_serving", "drafter_source",
         )  # fmt: skip
         return {name: str(getattr(self, name)) for name in names}

@@ -156,19 +156,22 @@ def revisions_served(profile: Profile, report: dict[str, Any], models: Path) -> 
     return found
 
 
-def _deploy(m: Migration, host: HostAccess, profile: Profile, profiles_dir: Path, extra: dict[str, str]) -> int:
-    """`ansible-playbook deploy.yml -l HOST` with the site's arguments and OLD's profile copy."""
+def _deploy(
+    m: Migration, host: HostAccess, profile: Profile, profiles_dir: Path, extra: dict[str, str], tags: str = ""
+) -> int:
+    """`ansible-playbook deploy.yml -l HOST` with the site's arguments and OLD's profile copy (only
+    the stages of `tags` when given)."""
     playbook_dir = m.playbook_dir or Path(__file__).resolve().parents[3] / "ansible"
     playbook = str(ansible_program("ansible-playbook", why=f"{host.name} cannot be deployed"))
-    argv = [playbook, "deploy.yml", "-i", str(m.inventory), "-l", host.name]
+    argv = [playbook, "deploy.yml", "-i", str(m.inventory), "-l", host.name, *(["--tags", tags] if tags else [])]
     if m.vault_password_file is not None:
         argv += ["--vault-password-file", str(m.vault_password_file)]
     argv += m.deploy_args  # the site's own, then the migration's (the later -e wins: OLD's profile, seeded weights)
     variables = {"specdeploy_profile": profile.name, "specdeploy_profiles_src": str(profiles_dir)} | extra
     for key, value in variables.items():
         argv += ["-e", f"{key}={value}"]
-    log = m.workdir / f"deploy-{host.name}-{int(time.time())}.log"
-    m.progress(f"deploy.yml -l {host.name} (log: {log})")
+    log = m.workdir / f"deploy-{host.name}-{tags.replace(',', '-') or 'all'}-{int(time.time())}.log"
+    m.progress(f"deploy.yml -l {host.name}{' --tags ' + tags if tags else ''} (log: {log})")
     with log.open("w") as sink:
         done = subprocess.run(argv, cwd=playbook_dir, stdout=sink, stderr=subprocess.STDOUT, check=False)
     return done.returncode
@@ -195,6 +198,30 @@ def space_problem(host: str, path: str, *, free: int, needed: int) -> str | None
         f"{host}: {human(free)} free for {path}, expected at least {human(int(needed * SPACE_MARGIN))} "
         f"({human(needed)} of weights NEW lacks, {SPACE_MARGIN - 1:.0%} margin): prepare would fill NEW's disk"
     )
+
+
+# deploy.yml's stages plan runs on NEW: the CLI (and the facts), then the preflight role with OLD's profile;
+# nothing that can restart an engine or take traffic
+PREFLIGHT_TAGS = "cli,preflight"
+
+
+def preflight_new(m: Migration, profile: Profile, profiles_dir: Path) -> dict[str, Any]:
+    """NEW checked against OLD's profile by deploy.yml's own preflight stage (the weights as prepare
+    brings them: `present`); its report, kept on NEW, names each failed check in the StepError."""
+    path = m.layout(m.new).preflight.as_posix()
+    run(m, m.new, ["rm", "-f", "--", path], what="removing NEW's earlier preflight report")  # never read a stale one
+    code = _deploy(m, m.new, profile, profiles_dir, {"weights_source": "present"}, tags=PREFLIGHT_TAGS)
+    report = read_json_file(m, m.new, path, what="NEW's preflight report") or {}
+    failed = [c for c in report.get("checks", []) if c.get("level") == "fail"]
+    if code != 0 or failed:
+        named = "; ".join(f"{c['name']}: {c['found']} (needs {c['expected']})" for c in failed)
+        raise StepError(
+            f"{m.new.name} cannot run {profile.name} (deploy.yml --tags {PREFLIGHT_TAGS} exited {code}): "
+            f"{named or 'the play stopped before its preflight report'}; nothing was copied",
+            hint=f"fix what it names on {m.new.name} (the play's log is in {m.workdir}), then plan again",
+        )
+    warned = [c["name"] for c in report.get("checks", []) if c.get("level") == "warn"]
+    return {"passed": True, "warnings": warned, "report": path}
 
 
 def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
@@ -235,6 +262,7 @@ def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     atomic.write_json(m.workdir / "old-verified-gate.json", report)
     profile = load_profile(profile_path)
     rec.profile = profile.name
+    preflight = preflight_new(m, profile, profile_path.parent)
     lock = Lock(m.lock_path)
     revisions = revisions_served(profile, report, old_layout.models)
     items = seed.planned_files(profile, lock, old_layout.models.as_posix(), revisions)
@@ -267,6 +295,7 @@ def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
         "models_old": old_layout.models.as_posix(),
         "models_new": new_layout.models.as_posix(),
         "front": {name: s.get("state") for name, s in servers.items()},
+        "new_preflight": preflight,
         "expected_downtime": "none: NEW takes traffic before OLD is drained",
     }
 

@@ -150,6 +150,10 @@ def site_deploy_args(*, wheels: Path, registry: str, ca: Path, hub_endpoint: str
     return [a for key, value in values.items() for a in ("-e", f"{key}={value}")]
 
 
+# the steps that run deploy.yml (plan: NEW's preflight; prepare: NEW's deploy) take the site's arguments
+DEPLOYING = ("plan", "prepare")
+
+
 @dataclass
 class Move:
     """The three hosts and how to run a migration step between the two engine hosts."""
@@ -168,7 +172,7 @@ class Move:
             "--from", self.old.name, "--to", self.new.name, "-i", str(self.inventory), "--front", self.front.name,
             "--vault-password-file", str(self.vault_password_file), "--json", *extra,
         ]  # fmt: skip
-        return [*argv, "--", *self.deploy_args] if step == "prepare" else argv
+        return [*argv, "--", *self.deploy_args] if step in DEPLOYING else argv
 
     def play(
         self, limit: str, *extra: str, profile: str, profiles: Path, capture: bool = True
