@@ -171,7 +171,7 @@ def test_deploy_drains_a_host_before_anything_can_restart_its_engine_and_puts_it
         assert task["when"] == ["front_host | length > 0", "front_rotate | bool", "not ansible_check_mode"]
 
 
-def _around(tmp_path: Path, socket_path: str, tasks_from: str, *args: str, front: bool = True) -> str:
+def _around(tmp_path: Path, socket_path: str, tasks_from: str, *args: str, front: bool = True, hook: str = "") -> str:
     """Run the front role's drain.yml or enable.yml for the engine host engine-a, as deploy.yml does
     (delegated to the front host; here all three hosts are this machine, without sudo)."""
     local = f"ansible_connection: local, ansible_python_interpreter: {sys.executable}, ansible_become: false"
@@ -186,6 +186,7 @@ def _around(tmp_path: Path, socket_path: str, tasks_from: str, *args: str, front
         f"        name: front\n        tasks_from: {tasks_from}\n"
     )
     settings = {"front_cli": str(BIN / "specdeploy"), "front_socket": socket_path, "front_drain_timeout_s": 30}
+    settings |= {"front_hook": hook} if hook else {}
     variables = tmp_path / "around.json"
     variables.write_text(json.dumps(settings))
     done = _ansible(playbook, "-i", str(tmp_path / "hosts.yml"), "-e", f"@{variables}", *args)
@@ -223,6 +224,22 @@ def test_the_drain_and_the_put_back_drive_the_real_haproxy_from_the_front_host(t
             status = {s.name: s for s in api.status()}
             assert status["engine-a"].state == "ready" and status["engine-a"].status.startswith("UP")
             assert status["engine-b"].state == "ready"
+
+
+def test_with_a_site_hook_the_drain_and_the_put_back_call_it_and_never_the_socket(tmp_path: Path) -> None:
+    """`front_hook` set (a site's own balancer): the same tasks call the hook on the front host — drain,
+    then add — with the engine host's inventory name; the socket, which does not exist here, is
+    never opened."""
+    calls = tmp_path / "calls"
+    hook = tmp_path / "site-balancer"
+    hook.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nif [ "$1" = status ]; then echo "[]"; fi\n')
+    hook.chmod(0o755)
+    absent = str(tmp_path / "no-such.sock")
+    drained = _around(tmp_path, absent, "drain.yml", hook=str(hook))
+    assert "changed: [engine-a -> frontdoor]" in drained, drained[-2000:]
+    enabled = _around(tmp_path, absent, "enable.yml", hook=str(hook))
+    assert "changed: [engine-a -> frontdoor]" in enabled, enabled[-2000:]
+    assert [line for line in calls.read_text().splitlines() if line != "status"] == ["drain engine-a", "add engine-a"]
 
 
 def test_the_front_play_comes_before_the_engine_hosts_and_does_nothing_without_front_hosts() -> None:

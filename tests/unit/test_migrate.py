@@ -617,3 +617,66 @@ def test_a_host_s_inventory_variables_never_show_in_its_repr_or_json() -> None:
     host = HostAccess("new-host", "127.0.0.1", 22, "root", None, "10.0.0.2", True, {"engine_api_key": secret})
     assert host.variables["engine_api_key"] == secret
     assert secret not in repr(host) and secret not in json.dumps(host.to_json())
+
+
+# --------------------------------------------------------------------------- a site's own balancer
+
+
+def test_cutover_through_a_site_hook_calls_add_drain_remove_and_counts_no_front_failures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`migrate cutover` with the site's own balancer (`--front-hook`, or the front host's `front_hook`):
+    the real `specdeploy front` CLI on the "front host" — this machine, reached through invoke's local
+    context, the runner Fabric's SSH connection extends — calls the hook: add NEW, drain OLD, remove
+    OLD, in that order. Traffic is then on NEW; the failed requests are not counted (None, never a
+    0 nobody measured): the hook's balancer keeps its own."""
+    import shutil
+
+    import invoke
+
+    from specdeploy.migrate import steps
+    from specdeploy.migrate.hosts import HostAccess
+    from specdeploy.profile import resolve_profile_path
+
+    calls = tmp_path / "calls"
+    hook = tmp_path / "site-balancer"
+    hook.write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        'if [ "$1" = status ]; then\n'
+        '  echo \'[{"name": "old", "state": "maint"}, {"name": "new", "state": "ready"}]\'\nfi\n'
+    )
+    hook.chmod(0o755)
+    monkeypatch.setattr(steps, "CLI", str(Path(sys.executable).parent / "specdeploy"))
+
+    def access(name: str) -> HostAccess:
+        return HostAccess(name, "127.0.0.1", 22, None, None, "127.0.0.1", False)
+
+    m = steps.Migration(
+        site=tmp_path, inventory=tmp_path / "hosts.ini", old=access("old"), new=access("new"),
+        front=access("front"), front_hook=str(hook),
+    )  # fmt: skip
+    m._connections["front"] = invoke.Context()
+    rec = record.MigrationRecord(old="old", new="new")
+    rec.profile = "cpu-rehearsal"
+    (m.workdir / "profiles").mkdir(parents=True)
+    shutil.copy(resolve_profile_path("cpu-rehearsal"), m.workdir / "profiles" / "cpu-rehearsal.yaml")
+    details = steps.cutover(m, rec)
+    assert [line for line in calls.read_text().splitlines() if line != "status"] == [
+        "add new", "drain old", "remove old"
+    ]  # fmt: skip
+    assert [s["step"] for s in details["steps"]] == ["enable", "drain", "disable"]
+    assert details["failed_requests_at_front"] is None and rec.traffic_on == "new"
+    assert steps.front_door(m) == ["--hook", str(hook)]
+    m.front_hook = None
+    assert steps.front_door(m) == []  # HAProxy's socket: the front's own default
+    m.front_socket = "/run/site/admin.sock"
+    assert steps.front_door(m) == ["--socket", "/run/site/admin.sock"]
+
+
+def test_a_socket_and_a_hook_together_are_refused_before_anything_is_read(cli: Any, tmp_path: Path) -> None:
+    result = cli(
+        "migrate", "cutover", "--from", "old", "--to", "new", "-i", tmp_path / "absent.ini", "--front", "front",
+        "--socket", "/run/haproxy/admin.sock", "--front-hook", "/usr/local/sbin/site-balancer",
+    )  # fmt: skip
+    assert result.exit_code == 2 and "name two balancers: expected one" in result.output, result.output
+    assert not (tmp_path / "migrations").exists()

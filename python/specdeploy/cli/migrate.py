@@ -34,7 +34,19 @@ InventoryOpt = Annotated[
     Path, typer.Option("--inventory", "-i", help="the site's inventory (its directory: lock, records)")
 ]
 FrontOpt = Annotated[str | None, typer.Option("--front", help="the inventory name of the front (HAProxy) host")]
-SocketOpt = Annotated[str, typer.Option("--socket", help="the front's runtime API socket on the front host")]
+SocketOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--socket", help="the front's HAProxy runtime API socket on the front host (default: the front's own)"
+    ),
+]
+HookOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--front-hook",
+        help="the site's own balancer instead of HAProxy: its hook's path on the front host (docs/front.md)",
+    ),
+]
 VaultOpt = Annotated[
     Path | None, typer.Option("--vault-password-file", help="the inventory's vault password (its group_vars)")
 ]
@@ -86,7 +98,7 @@ def _step(
     new: str,
     inventory: Path,
     front: str | None,
-    socket: str,
+    door: tuple[str | None, str | None],
     vault: Path | None,
     deploy_args: list[str],
     as_json: bool,
@@ -103,6 +115,12 @@ def _step(
         )
     if front is not None:
         record.check_host_name(front, "--front")
+    socket, hook = door
+    if socket is not None and hook is not None:
+        raise UsageError(
+            f"--socket {socket} and --front-hook {hook} name two balancers: expected one",
+            hint="--socket for the front's HAProxy (or neither: its default socket), --front-hook for a site's own",
+        )
     if options.get("seed_from") is not None:
         record.check_host_name(options["seed_from"], "--seed-from")
         if options["seed_from"] == new:
@@ -121,9 +139,13 @@ def _step(
     def access(name: str) -> Any:
         return hosts.access(inventory, name, vault_password_file=vault)
 
+    front_access = access(front) if front else None
+    if hook is None and socket is None and front_access is not None:  # the inventory's, as the roles read it
+        hook = front_access.variables.get("front_hook") or None
     m = steps.Migration(
         site=site, inventory=inventory.resolve(), old=access(old), new=access(new),
-        front=access(front) if front else None, front_socket=socket, vault_password_file=vault,
+        front=front_access, front_socket=socket, front_hook=hook,
+        vault_password_file=vault,
         deploy_args=deploy_args,
         progress=lambda text: output.err.print(f"{step}: {text}", highlight=False, markup=False),
     )  # fmt: skip
@@ -168,7 +190,9 @@ def _summary(step: str, details: dict[str, Any]) -> str:
     if step == "verify":
         return details["summary"]
     if step in ("cutover", "rollback") and "duration_s" in details:
-        return f"{details['duration_s']} s, {details['failed_requests_at_front']} failed request(s) at the front"
+        failed = details["failed_requests_at_front"]
+        counted = "not counted (the hook's balancer keeps its own)" if failed is None else f"{failed}"
+        return f"{details['duration_s']} s, failed requests at the front: {counted}"
     return str(details.get("traffic") or details.get("old_engine") or "done")
 
 
@@ -181,12 +205,13 @@ def _command(step: str, doc: str) -> None:
         new: ToOpt,
         inventory: InventoryOpt,
         front: FrontOpt = None,
-        socket: SocketOpt = "/run/haproxy/admin.sock",
+        socket: SocketOpt = None,
+        hook: HookOpt = None,
         vault: VaultOpt = None,
         deploy_args: DeployArgs = None,
         as_json: base.JsonOpt = False,
     ) -> None:
-        _step(step, old, new, inventory, front, socket, vault, list(deploy_args or []), as_json)
+        _step(step, old, new, inventory, front, (socket, hook), vault, list(deploy_args or []), as_json)
 
     command.__doc__ = doc
     migrate_app.command(step)(command)
@@ -204,7 +229,8 @@ def prepare(
     new: ToOpt,
     inventory: InventoryOpt,
     front: FrontOpt = None,
-    socket: SocketOpt = "/run/haproxy/admin.sock",
+    socket: SocketOpt = None,
+    hook: HookOpt = None,
     vault: VaultOpt = None,
     seed_from: Annotated[
         str | None,
@@ -218,7 +244,18 @@ def prepare(
     as_json: base.JsonOpt = False,
 ) -> None:
     """Seed NEW's weights from OLD or --seed-from (verified, resumable), copy OLD's golden, deploy OLD's profile."""
-    _step("prepare", old, new, inventory, front, socket, vault, list(deploy_args or []), as_json, seed_from=seed_from)
+    _step(
+        "prepare",
+        old,
+        new,
+        inventory,
+        front,
+        (socket, hook),
+        vault,
+        list(deploy_args or []),
+        as_json,
+        seed_from=seed_from,
+    )
 
 
 @migrate_app.command("finish")
@@ -228,12 +265,13 @@ def finish(
     inventory: InventoryOpt,
     stop_old: Annotated[bool, typer.Option("--stop-old", help="stop OLD's engine (weights and state kept)")] = False,
     front: FrontOpt = None,
-    socket: SocketOpt = "/run/haproxy/admin.sock",
+    socket: SocketOpt = None,
+    hook: HookOpt = None,
     vault: VaultOpt = None,
     as_json: base.JsonOpt = False,
 ) -> None:
     """After NEW served the profile's soak with its light gate passing: stop OLD's engine (--stop-old)."""
-    _step("finish", old, new, inventory, front, socket, vault, [], as_json, stop_old=stop_old)
+    _step("finish", old, new, inventory, front, (socket, hook), vault, [], as_json, stop_old=stop_old)
 
 
 @migrate_app.command("show")

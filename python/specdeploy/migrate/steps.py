@@ -64,7 +64,8 @@ class Migration:
     old: HostAccess
     new: HostAccess
     front: HostAccess | None = None
-    front_socket: str = "/run/haproxy/admin.sock"
+    front_socket: str | None = None  # HAProxy's runtime socket on the front host (None: the front's default)
+    front_hook: str | None = None  # or the site's own balancer: its hook on the front host (docs/front.md)
     vault_password_file: Path | None = None
     deploy_args: list[str] = field(default_factory=list)  # the site's own -e ... for deploy.yml
     playbook_dir: Path | None = None
@@ -128,6 +129,14 @@ def read_json_file(m: Migration, host: HostAccess, path: str, *, what: str) -> d
     return data if isinstance(data, dict) else None
 
 
+def front_door(m: Migration) -> list[str]:
+    """How `specdeploy front` on the front host reaches the balancer: the site's hook, or HAProxy's
+    runtime socket (the given one, else the front's own default)."""
+    if m.front_hook is not None:
+        return ["--hook", m.front_hook]
+    return ["--socket", m.front_socket] if m.front_socket is not None else []
+
+
 def front_command(m: Migration, verb: str, server: str, *extra: str) -> dict[str, Any]:
     """`specdeploy front VERB SERVER` on the front host, through its runtime socket."""
     if m.front is None:
@@ -135,7 +144,7 @@ def front_command(m: Migration, verb: str, server: str, *extra: str) -> dict[str
             "no front host: cutover and rollback move traffic through the site's front door",
             hint="pass --front HOST (the inventory's HAProxy host; docs/front.md)",
         )
-    argv = [CLI, "front", verb, *([server] if server else []), "--socket", m.front_socket, *extra, "--json"]
+    argv = [CLI, "front", verb, *([server] if server else []), *front_door(m), *extra, "--json"]
     done = run(m, m.front, argv, what=f"`specdeploy front {verb} {server}`".replace("  ", " "))
     return json.loads(done.stdout) if done.stdout.strip() else {}
 
@@ -424,9 +433,11 @@ def verify(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     return details
 
 
-def front_failures(m: Migration) -> int:
-    """The front's own count of failed requests so far (5xx answers, connection and response errors)."""
-    return sum(int(v) for v in (front_command(m, "status", "").get("failures") or {}).values())
+def front_failures(m: Migration) -> int | None:
+    """The front's own count of failed requests so far (5xx answers, connection and response errors);
+    None through a hook (the site's balancer keeps its own count)."""
+    failures = front_command(m, "status", "").get("failures")
+    return None if failures is None else sum(int(v) for v in failures.values())
 
 
 def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: HostAccess) -> dict[str, Any]:
@@ -457,7 +468,7 @@ def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: Hos
     return {
         "duration_s": round(time.monotonic() - started, 2),
         "steps": steps,
-        "failed_requests_at_front": front_failures(m) - failed_before,
+        "failed_requests_at_front": None if failed_before is None else (front_failures(m) or 0) - failed_before,
         "finished_unix": time.time(),
     }
 
