@@ -235,6 +235,9 @@ def test_new_fixed_by_prepare_again_passes_verify(site: Site) -> None:
     assert code == 0, out
     lines = {line["what"]: line for line in out["details"]["comparison"]["lines"]}
     assert lines["golden transcript"]["same"] is True and lines["identity: image_id"]["same"] is True
+    digest = lines["identity: image_digest"]  # the registry's digest NEW pulled by, as the site's lock has it
+    assert digest["same"] is True and str(digest["old"]).startswith("sha256:"), digest
+    assert out["details"]["comparison"]["same"] is True
 
 
 def test_cutover_and_rollback_under_load_fail_no_request(site: Site) -> None:
