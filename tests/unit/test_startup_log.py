@@ -215,3 +215,40 @@ def test_readiness_ends_at_once_when_the_engine_is_down() -> None:
     readiness = report.stages[0]
     assert readiness.name == "readiness" and readiness.status.value == "error"
     assert "the engine stopped before it was ready: specdeploy-engine is failed" in readiness.summary
+
+
+def test_the_gate_waits_while_a_queued_restart_stops_the_previous_engine(systemctl_state: Path) -> None:
+    """A deploy queues the engine's restart without waiting; the previous vLLM, draining its requests
+    (`--shutdown-timeout`), still answers /health. The gate waits while systemd stops it and starts the
+    next run (a job queued, deactivating, then activating), and begins once the unit is active with
+    no job; past its deadline it says what the unit still was."""
+    import threading
+
+    def write(active: str, sub: str, job: str) -> None:
+        systemctl_state.write_text(
+            f"LoadState=loaded\nActiveState={active}\nSubState={sub}\nResult=success\nNRestarts=0\nJob={job}\n"
+        )
+
+    write("active", "running", "812")  # the restart is queued: the old run still serves
+    assert startup_log.unit_changing(startup_log._unit_state("specdeploy-engine")) == "active (running; job 812)"
+
+    def restart() -> None:
+        time.sleep(0.6)
+        write("deactivating", "stop-sigterm", "812")
+        time.sleep(0.6)
+        write("activating", "start", "812")
+        time.sleep(0.6)
+        write("active", "running", "")
+
+    started = time.monotonic()
+    threading.Thread(target=restart, daemon=True).start()
+    assert startup_log.wait_settled("specdeploy-engine", 30, poll_s=0.1) is None
+    assert time.monotonic() - started >= 1.8  # not before the new run was active
+    write("deactivating", "stop-sigterm", "813")
+    assert startup_log.wait_settled("specdeploy-engine", 0.3, poll_s=0.1) == (
+        "specdeploy-engine still deactivating (stop-sigterm; job 813) after 0.3 s"
+    )
+    write("activating", "auto-restart", "814")  # a crash loop is settled: readiness names it at once
+    assert startup_log.wait_settled("specdeploy-engine", 30, poll_s=0.1) is None
+    _unit(systemctl_state, "inactive", "dead", 0, loaded="not-found")  # no such unit (a gate by hand)
+    assert startup_log.wait_settled("specdeploy-engine", 30, poll_s=0.1) is None

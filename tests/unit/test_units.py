@@ -121,15 +121,16 @@ def test_the_engine_serves_the_target_through_its_serving_link() -> None:
 
 def test_a_stopping_vllm_lets_requests_in_flight_finish_for_the_drain_s_time_and_the_unit_waits_longer() -> None:
     """Issue 23: `migrate finish` stops OLD's engine with vLLM's --shutdown-timeout sized so requests in
-    flight finish (0, vLLM's default, aborts them); the units kill only after that time."""
+    flight finish — the profile's drain time unless it sets its own (0, vLLM's default, aborts them);
+    the units kill only after that time."""
     host = units.layout.HostLayout()
     for name in ("a6000-dflash", "a6000-dflash-stock", "cpu-rehearsal", "cpu-rehearsal-container"):
         profile = load_profile(name)
         wait = engine_args.shutdown_timeout_s(profile)
         chosen = profile.engine.serve.shutdown_timeout_s
-        assert wait == (chosen if chosen is not None else 0)
+        assert wait == (chosen if chosen is not None else profile.migration.drain_timeout_s) and wait > 0
         argv = engine_args.render(profile, model="/m", drafter="/d").engine_args
-        assert ("--shutdown-timeout" in argv) == (wait > 0)
+        assert argv[argv.index("--shutdown-timeout") + 1] == str(wait)
         where = {"python": "/p"} if profile.engine.runtime == "venv" else {"image": "img@sha256:" + "0" * 64}
         text = units.render(profile, host=host, **where).text
         stops = [
@@ -138,15 +139,17 @@ def test_a_stopping_vllm_lets_requests_in_flight_finish_for_the_drain_s_time_and
             if line.startswith(("TimeoutStopSec=", "StopTimeout="))
         ]
         assert stops and all(stop >= wait + 15 for stop in stops), (name, stops)
-    # opt-in: a profile that sets it gets the flag and units that wait past it
+    # SGLang has no such flag: none rendered, and its units wait only their margin
+    assert engine_args.shutdown_timeout_s(load_profile("a6000-mtp")) == 0
+    # a profile that sets it gets that time, and units that wait past it
     drained = variants.derive(
-        load_profile("a6000-dflash"), "a6000-drained", {"engine": {"serve": {"shutdown_timeout_s": 600}}}
+        load_profile("a6000-dflash"), "a6000-drained", {"engine": {"serve": {"shutdown_timeout_s": 900}}}
     )
-    assert engine_args.shutdown_timeout_s(drained) == 600
+    assert engine_args.shutdown_timeout_s(drained) == 900
     flags = engine_args.render(drained, model="/m", drafter="/d").engine_args
-    assert flags[flags.index("--shutdown-timeout") + 1] == "600"
+    assert flags[flags.index("--shutdown-timeout") + 1] == "900"
     assert all(
-        int(line.split("=")[1]) > 600
+        int(line.split("=")[1]) > 900
         for line in units.render(drained, host=host, image="i@sha256:" + "0" * 64).text.splitlines()
         if line.startswith(("TimeoutStopSec=", "StopTimeout="))
     )

@@ -285,7 +285,7 @@ def _unit_state(unit: str) -> dict[str, str] | None:
     """The unit's systemd state, or None where no such unit is loaded (or no systemd runs here)."""
     try:
         done = subprocess.run(
-            ["systemctl", "show", unit, "--property=LoadState,ActiveState,SubState,Result,NRestarts"],
+            ["systemctl", "show", unit, "--property=LoadState,ActiveState,SubState,Result,NRestarts,Job"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -336,6 +336,39 @@ def unit_down(unit: str) -> Callable[[], str | None]:
         return None
 
     return down
+
+
+# systemd moving the unit between runs: what answers on the engine's port may be the run being stopped
+CHANGING = ("activating", "deactivating", "reloading")
+
+
+def unit_changing(state: dict[str, str] | None) -> str | None:
+    """Why the unit's engine cannot be judged yet — systemd is stopping or starting it (a job is queued
+    or running: a restart the deploy queued without waiting) — else None. A crash loop (auto-restart)
+    or a failed unit is settled: the readiness probe (`unit_down`) names it at once."""
+    if state is None or state.get("ActiveState") == "failed" or state.get("SubState") == "auto-restart":
+        return None
+    job, active = state.get("Job", "").strip(), state.get("ActiveState")
+    if job or active in CHANGING:
+        return f"{active} ({state.get('SubState')}{'; job ' + job if job else ''})"
+    return None
+
+
+def wait_settled(unit: str, timeout_s: float, *, poll_s: float = 1.0) -> str | None:
+    """Wait while systemd stops or starts the engine's unit (at most `timeout_s`): None once it is
+    settled, else its state at the deadline.
+
+    Failure prevented: a deploy queues the engine's restart without waiting (the play goes on while a
+    large model loads), and a stopping vLLM that lets its requests in flight finish
+    (`--shutdown-timeout`) still answers /health and /v1/models while it refuses new requests. A gate
+    that began then judged the engine being replaced and failed on its refusals; it now starts only
+    once the unit's queued restart has run."""
+    deadline = time.monotonic() + timeout_s
+    while (changing := unit_changing(_unit_state(unit))) is not None:
+        if time.monotonic() >= deadline:
+            return f"{unit} still {changing} after {timeout_s:g} s"
+        time.sleep(poll_s)
+    return None
 
 
 def check_unit(

@@ -101,6 +101,9 @@ class GateReport:
     started: float = field(default_factory=time.monotonic)
     verdict: Verdict = Verdict.running
     message: str = "the gate is running"
+    # how the engine's unit was found before anything was asked (startup_log.wait_settled): "settled",
+    # or still changing at the deadline; None when the gate was not run against the host's own unit
+    unit_settled: str | None = None
     startup_log: dict[str, Any] | None = None
     smoke: dict[str, Any] | None = None
     rollback: dict[str, Any] | None = None
@@ -148,6 +151,7 @@ class GateReport:
             "verdict": self.verdict.value,
             "exit_code": self.exit_code,
             "message": self.message,
+            "unit_settled": self.unit_settled,
             "startup_log": self.startup_log,
             "smoke": self.smoke,
             "rollback": self.rollback,
@@ -352,6 +356,11 @@ def _gate(
     prove: Callable[[layout.HostLayout, str], restore.Outcome],
     log_text: str | None = None,
 ) -> None:
+    if options.log_file is None:  # the host's own unit: never judge the run a queued restart is replacing
+        report.unit_settled = (
+            startup_log.wait_settled(options.unit, options.readiness_timeout_s or profile.smoke.readiness_timeout_s)
+            or "settled"
+        )
     if problem := smoke.endpoint_problem(report.endpoint):  # the smoke's readiness says why, at once
         report.startup_log = {"ok": True, "skipped": True, "message": f"not checked: the endpoint {problem}"}
     else:
