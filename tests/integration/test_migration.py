@@ -23,8 +23,9 @@ One chain, each test starting from what the previous left:
 5. NEW fixed by `migrate prepare` again (the deploy puts back the image by digest), `migrate
    verify` passes;
 6. `migrate cutover` under load through the front (bounded streaming requests, at least 2 in
-   flight at every instant — measured from the requests' own start and end times —, each longer
-   than the drain): failed = 0, OLD had requests in flight when drained;
+   flight at every instant — measured from the requests' own start and end times —, each open at
+   the front for 12 s at least, read slowly, longer than the step takes to reach its drain): failed
+   = 0, OLD had requests in flight when drained;
 7. `migrate rollback` under load: failed = 0; then `migrate cutover` again;
 8. a rolling deploy of both hosts (`serial: 1`, a change that restarts each engine) through the
    front under the same load: failed = 0;
@@ -273,7 +274,7 @@ def test_a_rolling_deploy_of_both_hosts_through_the_front_fails_no_request(site:
     # the load lasts as long as the play (bounded: it stops when the play ends), so both engines are
     # replaced while streams go through the front
     with site.load(total=100_000) as running:
-        assert running.wait_sent(migration.LOAD_BEFORE, 120)
+        assert running.wait_streaming(migration.LOAD_BEFORE, 120)
         run = site.play(f"{site.old.name},{site.new.name}", "-e", f"specdeploy_profiles_src={profiles}")
         result = running.stop()
     assert run.returncode == 0, run.stdout[-5000:]

@@ -345,7 +345,7 @@ def test_a_cutover_through_the_real_haproxy_under_streaming_load_fails_no_reques
             )  # fmt: skip
             balancer = HAProxyBalancer(RuntimeApi(front.socket), drain_timeout_s=20, up_timeout_s=10, poll_s=0.05)
             with load.Load(spec) as running_load:
-                assert running_load.wait_sent(6, 20)
+                assert running_load.wait_sent(6, 20) and running_load.wait_streaming(3, 20)
                 in_flight_on_old = RuntimeApi(front.socket).sessions("old")
                 steps = cutover(balancer, new="new", old="old")
                 result = running_load.finish(60)
@@ -404,6 +404,37 @@ def test_streams_that_end_in_one_turn_of_the_client_leave_all_but_one_open() -> 
         result = running_load.finish(30)
     assert result.sent == 12 and result.ok == 12, result.to_json()
     assert result.max_in_flight == 4 and result.min_in_flight_while_running == 3, result.to_json()
+
+
+def test_a_slow_reader_keeps_each_request_open_at_the_front_for_its_minimum_time() -> None:
+    """`min_request_s`: the engine sends the whole stream at once (as a fast one does), the client reads
+    it at the pace of the tokens received (vLLM's running usage in every event, asked for), so every
+    request stays open for its minimum time; without usage, one token per event."""
+    import time
+
+    import httpx
+
+    events = "".join(f'data: {{"usage": {{"completion_tokens": {n}}}}}\n\n' for n in (100, 200, 256))
+    asked: list[dict[str, Any]] = []
+
+    async def engine(request: httpx.Request) -> httpx.Response:
+        asked.append(json.loads(request.content))
+        return httpx.Response(200, content=(events + "data: [DONE]\n\n").encode())
+
+    class Fast(load.Load):
+        def _client(self) -> httpx.AsyncClient:
+            return httpx.AsyncClient(base_url="https://front", transport=httpx.MockTransport(engine))
+
+    spec = load.LoadSpec(url="https://front", api_key="k", model="m", total=2, in_flight=2, min_request_s=1.0)
+    with Fast(spec) as running_load:
+        result = running_load.finish(30)
+    assert result.ok == 2 and all(1.0 <= (r.ended or 0) - r.started < 5 for r in result.requests), result.requests
+    assert all(body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True} for body in asked)
+    request = load.Request(0, time.monotonic(), tokens=200)
+    assert 0.4 < load.paced(request, {"usage": {"completion_tokens": 100}}, 1.0) <= 0.5  # half the tokens: 0.5 s
+    request.chunks = 50
+    assert 0.15 < load.paced(request, {"choices": []}, 1.0) <= 0.25  # no usage: 50 events of 200 tokens
+    assert load.paced(load.Request(0, time.monotonic() - 5, tokens=200), {}, 1.0) == 0.0  # late: no wait
 
 
 def test_each_slot_keeps_a_length_of_its_own_so_ends_do_not_arrive_in_step() -> None:

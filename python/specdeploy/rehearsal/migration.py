@@ -239,16 +239,17 @@ class Move:
 
     def under_load(self, step: str, spec: LoadSpec, *extra: str) -> tuple[int, dict[str, Any], LoadResult]:
         """`specdeploy migrate STEP` while a bounded streaming load goes through the front: the step
-        starts once LOAD_BEFORE requests were sent; when it ends, the load sends no more (at most
+        starts once LOAD_BEFORE requests are streaming (not only sent: still connecting, they would not be
+        in flight on the host the step drains); when it ends, the load sends no more (at most
         `total` in all) and the requests in flight finish. The load spans the whole step, and no
         request is sent after it (a loaded move waited ~85 s for the rest of 24 requests)."""
         from specdeploy.migrate.load import Load
 
         with Load(spec) as running:
-            if not running.wait_sent(LOAD_BEFORE, 120):
+            if not running.wait_streaming(LOAD_BEFORE, 120):
                 raise SpecdeployError(
-                    f"the load through the front sent {running.result.sent} of {LOAD_BEFORE} requests in 120 s: "
-                    f"{step} not started",
+                    f"the load through the front had not {LOAD_BEFORE} requests streaming within 120 s "
+                    f"({running.result.sent} sent): {step} not started",
                     hint=f"is the front's port open on the controller? ({spec.url})",
                 )
             code, out = self.step(step, *extra)
@@ -258,12 +259,16 @@ class Move:
 
 STEPS = ("plan", "prepare", "verify", "cutover")
 LOADED = frozenset({"cutover", "rollback"})  # the steps that move traffic: run under load
-LOAD_BEFORE = 3  # requests sent through the front before a loaded step starts
+LOAD_BEFORE = 3  # requests streaming through the front before a loaded step starts
 # Four streams at a time, 364 to 448 tokens long by slot (the profile's max_model_len is 512; the
 # load's `tokens_for`): at ~270 tok/s alone, seconds each with four sharing the engine, so a host
 # drained a moment after the other was enabled still has streams in flight (at two, 300 tokens, one
 # rollback found none left on NEW), and with four, two ending at once still leave two open.
 LOAD_IN_FLIGHT, LOAD_TOKENS = 4, 448
+# ... and each lasts at least this long at the front, read slowly (the engine decodes 448 tokens in ~5 s
+# with four sharing it, about the time the step's own CLI takes to start on a loaded 2-core VM: a drain
+# once found the first four streams ended and their successors sent to NEW, none left on OLD)
+LOAD_MIN_REQUEST_S = 12.0
 
 
 def load_spec(profile: Profile, *, api_key: str, ca_file: Path, total: int) -> LoadSpec:
@@ -275,6 +280,7 @@ def load_spec(profile: Profile, *, api_key: str, ca_file: Path, total: int) -> L
         url=f"https://127.0.0.1:{profile.front.listen_port}", api_key=api_key,
         model=profile.engine.serve.served_model_name or profile.target.repo, total=total,
         in_flight=LOAD_IN_FLIGHT, max_tokens=LOAD_TOKENS, timeout_s=300, ca_file=str(ca_file),
+        min_request_s=LOAD_MIN_REQUEST_S,
     )  # fmt: skip
 
 
