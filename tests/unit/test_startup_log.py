@@ -219,9 +219,10 @@ def test_readiness_ends_at_once_when_the_engine_is_down() -> None:
 
 def test_the_gate_waits_while_a_queued_restart_stops_the_previous_engine(systemctl_state: Path) -> None:
     """A deploy queues the engine's restart without waiting; the previous vLLM, draining its requests
-    (`--shutdown-timeout`), still answers /health. The gate waits while systemd stops it and starts the
-    next run (a job queued, deactivating, then activating), and begins once the unit is active with
-    no job; past its deadline it says what the unit still was."""
+    (`--shutdown-timeout`), still answers /health. The gate waits while the restart's job is queued on
+    the active previous run and while systemd stops it, and begins once the new run is activating
+    (the previous one is gone; readiness waits for the new one); past its deadline it says what the
+    unit still was."""
     import threading
 
     def write(active: str, sub: str, job: str) -> None:
@@ -237,13 +238,13 @@ def test_the_gate_waits_while_a_queued_restart_stops_the_previous_engine(systemc
         write("deactivating", "stop-sigterm", "812")
         time.sleep(0.6)
         write("activating", "start", "812")
-        time.sleep(0.6)
-        write("active", "running", "")
 
     started = time.monotonic()
     threading.Thread(target=restart, daemon=True).start()
     assert startup_log.wait_settled("specdeploy-engine", 30, poll_s=0.1) is None
-    assert time.monotonic() - started >= 1.8  # not before the new run was active
+    assert time.monotonic() - started >= 1.2  # not before the previous run was stopped
+    write("active", "running", "")
+    assert startup_log.wait_settled("specdeploy-engine", 0.3, poll_s=0.1) is None  # nothing queued
     write("deactivating", "stop-sigterm", "813")
     assert startup_log.wait_settled("specdeploy-engine", 0.3, poll_s=0.1) == (
         "specdeploy-engine still deactivating (stop-sigterm; job 813) after 0.3 s"

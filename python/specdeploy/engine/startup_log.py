@@ -338,25 +338,23 @@ def unit_down(unit: str) -> Callable[[], str | None]:
     return down
 
 
-# systemd moving the unit between runs: what answers on the engine's port may be the run being stopped
-CHANGING = ("activating", "deactivating", "reloading")
-
-
 def unit_changing(state: dict[str, str] | None) -> str | None:
-    """Why the unit's engine cannot be judged yet — systemd is stopping or starting it (a job is queued
-    or running: a restart the deploy queued without waiting) — else None. A crash loop (auto-restart)
-    or a failed unit is settled: the readiness probe (`unit_down`) names it at once."""
-    if state is None or state.get("ActiveState") == "failed" or state.get("SubState") == "auto-restart":
+    """Why what answers on the engine's port may be the run a queued restart is replacing — systemd
+    has a job queued for the unit while the previous run is still active, or is stopping it — else
+    None. Once the unit is activating, the previous run is gone and the new one answers only when it
+    is up (readiness waits for that); a crash loop or a failed unit is for the readiness probe
+    (`unit_down`) to name at once."""
+    if state is None:
         return None
     job, active = state.get("Job", "").strip(), state.get("ActiveState")
-    if job or active in CHANGING:
+    if active == "deactivating" or (job and active in ("active", "reloading")):
         return f"{active} ({state.get('SubState')}{'; job ' + job if job else ''})"
     return None
 
 
 def wait_settled(unit: str, timeout_s: float, *, poll_s: float = 1.0) -> str | None:
-    """Wait while systemd stops or starts the engine's unit (at most `timeout_s`): None once it is
-    settled, else its state at the deadline.
+    """Wait while a queued restart has not yet stopped the engine's previous run (at most
+    `timeout_s`): None once it has (or none was queued), else the unit's state at the deadline.
 
     Failure prevented: a deploy queues the engine's restart without waiting (the play goes on while a
     large model loads), and a stopping vLLM that lets its requests in flight finish
