@@ -23,9 +23,9 @@ One chain, each test starting from what the previous left:
 5. NEW fixed by `migrate prepare` again (the deploy puts back the image by digest), `migrate
    verify` passes;
 6. `migrate cutover` under load through the front (bounded streaming requests, at least 2 in
-   flight at every instant — measured from the requests' own start and end times —, each open at
-   the front for 12 s at least, read slowly, longer than the step takes to reach its drain): failed
-   = 0, OLD had requests in flight when drained;
+   flight at every instant — measured from the requests' own start and end times —, eight at a
+   time, each decoding longer than the step takes to reach its drain): failed = 0, OLD had requests
+   in flight when drained;
 7. `migrate rollback` under load: failed = 0; then `migrate cutover` again;
 8. a rolling deploy of both hosts (`serial: 1`, a change that restarts each engine) through the
    front under the same load: failed = 0;
@@ -63,7 +63,7 @@ pytestmark = [
 OLD_IP = container_rig.HOST_IP
 NEW_NAME = migration.NEW_NAME
 # a loaded move sends at most LOAD_REQUESTS, stops when the step ends, and must have sent LOAD_MIN_SENT
-LOAD_REQUESTS, LOAD_MIN_SENT = 24, 8
+LOAD_REQUESTS, LOAD_MIN_SENT = 48, migration.LOAD_IN_FLIGHT + 4  # more than the first wave
 OTHER_IMAGE = "localhost/specdeploy-test/vllm-other:0.31"
 
 

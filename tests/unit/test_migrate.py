@@ -406,37 +406,6 @@ def test_streams_that_end_in_one_turn_of_the_client_leave_all_but_one_open() -> 
     assert result.max_in_flight == 4 and result.min_in_flight_while_running == 3, result.to_json()
 
 
-def test_a_slow_reader_keeps_each_request_open_at_the_front_for_its_minimum_time() -> None:
-    """`min_request_s`: the engine sends the whole stream at once (as a fast one does), the client reads
-    it at the pace of the tokens received (vLLM's running usage in every event, asked for), so every
-    request stays open for its minimum time; without usage, one token per event."""
-    import time
-
-    import httpx
-
-    events = "".join(f'data: {{"usage": {{"completion_tokens": {n}}}}}\n\n' for n in (100, 200, 256))
-    asked: list[dict[str, Any]] = []
-
-    async def engine(request: httpx.Request) -> httpx.Response:
-        asked.append(json.loads(request.content))
-        return httpx.Response(200, content=(events + "data: [DONE]\n\n").encode())
-
-    class Fast(load.Load):
-        def _client(self) -> httpx.AsyncClient:
-            return httpx.AsyncClient(base_url="https://front", transport=httpx.MockTransport(engine))
-
-    spec = load.LoadSpec(url="https://front", api_key="k", model="m", total=2, in_flight=2, min_request_s=1.0)
-    with Fast(spec) as running_load:
-        result = running_load.finish(30)
-    assert result.ok == 2 and all(1.0 <= (r.ended or 0) - r.started < 5 for r in result.requests), result.requests
-    assert all(body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True} for body in asked)
-    request = load.Request(0, time.monotonic(), tokens=200)
-    assert 0.4 < load.paced(request, {"usage": {"completion_tokens": 100}}, 1.0) <= 0.5  # half the tokens: 0.5 s
-    request.chunks = 50
-    assert 0.15 < load.paced(request, {"choices": []}, 1.0) <= 0.25  # no usage: 50 events of 200 tokens
-    assert load.paced(load.Request(0, time.monotonic() - 5, tokens=200), {}, 1.0) == 0.0  # late: no wait
-
-
 def test_each_slot_keeps_a_length_of_its_own_so_ends_do_not_arrive_in_step() -> None:
     spec = load.LoadSpec(url="https://front", api_key="k", model="m", in_flight=4, max_tokens=448)
     assert [load.tokens_for(slot, spec) for slot in range(4)] == [448, 420, 392, 364]  # each outlasts the drain

@@ -17,9 +17,9 @@ together — an engine decodes its batch step by step, and a busy client reads s
 in one turn of its event loop — never open a gap wider than one request. (A single refill loop
 woken after ends did: three streams ended in one turn on a loaded CI machine, and the count read 1.)
 Each slot keeps a length of its own — `max_tokens`, then a sixteenth less per slot at four
-(`tokens_for`) — so the drain meets streams at different stages. `min_request_s` makes the client a
-slow reader (`paced`): a fast engine's stream then still lasts that long at the front, so a drain that
-comes seconds after the load began finds requests in flight on the host it drains.
+(`tokens_for`) — so the drain meets streams at different stages. (A slow reader does not keep a request in flight at
+the front: HAProxy takes a fast engine's whole stream into the socket buffers and closes its side, and a
+drain then finds the host idle. A stream is in flight at the front only while its engine still decodes.)
 """
 
 from __future__ import annotations
@@ -102,16 +102,6 @@ def min_open(requests: list[Request], start: float, end: float) -> int:
     return low
 
 
-def paced(request: Request, event: Any, min_request_s: float) -> float:
-    """Seconds a slow reader waits after `event` so that the request lasts `min_request_s` at the front:
-    its share of the time is the share of its tokens received (the event's running usage, else one token
-    per event). The engine's bytes wait in the socket buffers meanwhile, as for any slow client."""
-    usage = event.get("usage") if isinstance(event, dict) else None
-    received = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    share = min(1.0, (received if isinstance(received, int) else request.chunks) / max(1, request.tokens))
-    return max(0.0, request.started + share * min_request_s - time.monotonic())
-
-
 def tokens_for(slot: int, spec: LoadSpec) -> int:
     """Slot `slot`'s request length: `max_tokens`, less `max_tokens / (4 × in_flight)` per slot."""
     return spec.max_tokens - slot * spec.max_tokens // (4 * spec.in_flight)
@@ -127,9 +117,6 @@ class LoadSpec:
     max_tokens: int = 256  # the longest request's; the shortest asks for a quarter less (`tokens_for`)
     timeout_s: float = 300.0
     ca_file: str | None = None  # the site CA that signed the front's certificate
-    # A slow reader: each request lasts at least this long at the front (0: read as fast as it comes;
-    # `paced`). A fast engine finishes a stream in a few seconds, and a move's drain came after them.
-    min_request_s: float = 0.0
 
 
 class Load:
@@ -207,8 +194,6 @@ class Load:
             "temperature": 0,
             "stream": True,
         }
-        if self.spec.min_request_s > 0:  # vLLM: the tokens so far in every event, to pace the reading by
-            body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         done = False
         try:
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -223,10 +208,8 @@ class Load:
                     if data == "[DONE]":
                         done = True
                         break
-                    event = json.loads(data)  # every event must be JSON: a proxy's error page is not a stream
+                    json.loads(data)  # every event must be JSON: a proxy's error page is not a stream
                     request.chunks += 1
-                    if self.spec.min_request_s > 0:
-                        await asyncio.sleep(paced(request, event, self.spec.min_request_s))
             request.ok = done and request.chunks > 0
             if not request.ok:
                 request.error = "the stream ended without [DONE]" if not done else "no event before [DONE]"

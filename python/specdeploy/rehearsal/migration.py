@@ -260,15 +260,12 @@ class Move:
 STEPS = ("plan", "prepare", "verify", "cutover")
 LOADED = frozenset({"cutover", "rollback"})  # the steps that move traffic: run under load
 LOAD_BEFORE = 3  # requests streaming through the front before a loaded step starts
-# Four streams at a time, 364 to 448 tokens long by slot (the profile's max_model_len is 512; the
-# load's `tokens_for`): at ~270 tok/s alone, seconds each with four sharing the engine, so a host
-# drained a moment after the other was enabled still has streams in flight (at two, 300 tokens, one
-# rollback found none left on NEW), and with four, two ending at once still leave two open.
-LOAD_IN_FLIGHT, LOAD_TOKENS = 4, 448
-# ... and each lasts at least this long at the front, read slowly (the engine decodes 448 tokens in ~5 s
-# with four sharing it, about the time the step's own CLI takes to start on a loaded 2-core VM: a drain
-# once found the first four streams ended and their successors sent to NEW, none left on OLD)
-LOAD_MIN_REQUEST_S = 12.0
+# Eight streams at a time, 350 to 448 tokens long by slot (the profile's max_model_len is 512; the
+# load's `tokens_for`). A stream is in flight at the front only while its engine decodes it, and a
+# step's own CLI takes seconds to start and reach its drain on a loaded 2-core VM (~6 s measured):
+# at four sharing the engine (~6 s each) a cutover's drain once found OLD's first streams decoded and
+# their successors not yet sent, none in flight; eight share it at half the speed each (~12 s).
+LOAD_IN_FLIGHT, LOAD_TOKENS = 8, 448
 
 
 def load_spec(profile: Profile, *, api_key: str, ca_file: Path, total: int) -> LoadSpec:
@@ -280,7 +277,6 @@ def load_spec(profile: Profile, *, api_key: str, ca_file: Path, total: int) -> L
         url=f"https://127.0.0.1:{profile.front.listen_port}", api_key=api_key,
         model=profile.engine.serve.served_model_name or profile.target.repo, total=total,
         in_flight=LOAD_IN_FLIGHT, max_tokens=LOAD_TOKENS, timeout_s=300, ca_file=str(ca_file),
-        min_request_s=LOAD_MIN_REQUEST_S,
     )  # fmt: skip
 
 
