@@ -12,7 +12,6 @@ launcher redacts it from the engine's output).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,15 +53,14 @@ class EngineCommand:
 
 def shutdown_timeout_s(profile: Profile) -> int:
     """How long a stopping vLLM lets its requests in flight finish (`--shutdown-timeout`, vLLM >= 0.18):
-    `engine.serve.shutdown_timeout_s`, by default the profile's `migration.drain_timeout_s` (the time a
-    drain gives a long generation); 0 aborts them (vLLM's own default). A vLLM with nothing in flight
-    exits at once either way, so a host drained from the front restarts as fast as before. While it
-    drains it still answers /health and /v1/models: the gate waits for a queued restart to have run
-    (`engine.startup_log.wait_settled`) before it asks anything. Other engines: 0 (no such flag)."""
+    `engine.serve.shutdown_timeout_s`, by default 0 (vLLM's own: abort them). Opt-in: with the drain's
+    time by default, a failed gate's rollback could not prove the restarted previous engine (exit 4 in
+    the failed-switch test; docs/benchmarks.md footnote 10). The front drains a host before any planned
+    stop, so nothing is in flight then. Other engines: 0 (no such flag)."""
     if profile.engine.kind != "vllm":
         return 0
     chosen = profile.engine.serve.shutdown_timeout_s
-    return chosen if chosen is not None else math.ceil(profile.migration.drain_timeout_s)
+    return chosen if chosen is not None else 0
 
 
 def _vllm(profile: Profile, model: str, drafter: str | None, speculative_on: bool) -> list[str]:

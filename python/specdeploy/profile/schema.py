@@ -288,7 +288,7 @@ class ServeSpec(_Strict):
         None,
         ge=0,
         description="how long a stopping vLLM lets its requests in flight finish (its --shutdown-timeout; 0 "
-        "aborts them, vLLM's own default); None: the profile's migration.drain_timeout_s",
+        "aborts them, vLLM's own default); None: 0 (opt-in: see engine.args.shutdown_timeout_s)",
     )
     api_key: SecretRef | None = None
     extra_args: list[str] = Field(default_factory=list)
