@@ -17,9 +17,9 @@ together — an engine decodes its batch step by step, and a busy client reads s
 in one turn of its event loop — never open a gap wider than one request. (A single refill loop
 woken after ends did: three streams ended in one turn on a loaded CI machine, and the count read 1.)
 Each slot keeps a length of its own — `max_tokens`, then a sixteenth less per slot at four
-(`tokens_for`) — so the drain meets streams at different stages. (A slow reader does not keep a request in flight at
-the front: HAProxy takes a fast engine's whole stream into the socket buffers and closes its side, and a
-drain then finds the host idle. A stream is in flight at the front only while its engine still decodes.)
+(`tokens_for`) — so the drain meets streams at different stages. A stream is in flight at the front
+only while its engine still decodes it: a slow reader does not keep it there (HAProxy takes a fast
+engine's whole stream into the socket buffers and closes its side, and a drain finds the host idle).
 """
 
 from __future__ import annotations

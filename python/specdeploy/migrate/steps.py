@@ -440,6 +440,10 @@ def front_failures(m: Migration) -> int | None:
     return None if failures is None else sum(int(v) for v in failures.values())
 
 
+def _difference(after: int | None, before: int | None) -> int | None:
+    return None if after is None or before is None else after - before
+
+
 def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: HostAccess) -> dict[str, Any]:
     """Traffic from `away` to `to` through the front: `to` in (once its health check passes), `away`
     drained (its in-flight requests finish), `away` out. Times each step, and counts the requests
@@ -468,7 +472,7 @@ def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: Hos
     return {
         "duration_s": round(time.monotonic() - started, 2),
         "steps": steps,
-        "failed_requests_at_front": None if failed_before is None else (front_failures(m) or 0) - failed_before,
+        "failed_requests_at_front": _difference(front_failures(m), failed_before),
         "finished_unix": time.time(),
     }
 
