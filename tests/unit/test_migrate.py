@@ -345,7 +345,7 @@ def test_a_cutover_through_the_real_haproxy_under_streaming_load_fails_no_reques
             )  # fmt: skip
             balancer = HAProxyBalancer(RuntimeApi(front.socket), drain_timeout_s=20, up_timeout_s=10, poll_s=0.05)
             with load.Load(spec) as running_load:
-                assert running_load.wait_sent(6, 20) and running_load.wait_streaming(3, 20)
+                assert running_load.wait_streaming(3, 20)
                 in_flight_on_old = RuntimeApi(front.socket).sessions("old")
                 steps = cutover(balancer, new="new", old="old")
                 result = running_load.finish(60)
@@ -680,3 +680,58 @@ def test_a_socket_and_a_hook_together_are_refused_before_anything_is_read(cli: A
     )  # fmt: skip
     assert result.exit_code == 2 and "name two balancers: expected one" in result.output, result.output
     assert not (tmp_path / "migrations").exists()
+
+
+def _local_migration(tmp_path: Path) -> Any:
+    """A migration whose OLD and NEW are this machine, reached through invoke's local context (the
+    runner Fabric's SSH connection extends), each with a state directory of its own under tmp_path."""
+    import invoke
+
+    from specdeploy.migrate import steps
+    from specdeploy.migrate.hosts import HostAccess
+
+    def access(name: str) -> HostAccess:
+        state = {"specdeploy_state_dir": str(tmp_path / f"{name}-state")}
+        return HostAccess(name, "127.0.0.1", 22, None, None, "127.0.0.1", False, variables=state)
+
+    m = steps.Migration(site=tmp_path, inventory=tmp_path / "hosts.ini", old=access("old"), new=access("new"))
+    m._connections.update(old=invoke.Context(), new=invoke.Context())
+    return m
+
+
+def test_plan_refuses_an_old_host_with_no_verified_gate_report_before_anything_is_copied(tmp_path: Path) -> None:
+    """Both hosts answer (real commands, run here), but OLD's state layout has no verified run: plan
+    stops naming the report's path, and nothing is read or written for the move."""
+    from specdeploy.migrate import steps
+
+    m = _local_migration(tmp_path)
+    with pytest.raises(SpecdeployError) as caught:
+        steps.plan(m, record.MigrationRecord(old="old", new="new"))
+    assert f"old: no verified gate report at {tmp_path}/old-state/verified/gate.json" in caught.value.message
+    assert "deploy.yml -l old" in (caught.value.hint or "")
+    assert not (m.workdir / "profiles").exists() and not (m.workdir / "old-verified-gate.json").exists()
+
+
+def test_plan_refuses_an_old_host_that_serves_another_identity_than_its_gate_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OLD's verified report passed identity `aaa…`; its served identity is now `bbb…` (a stand-in
+    for the host's `specdeploy served-identity`, which needs a running engine): plan refuses, naming
+    both, because the report no longer proves what OLD serves."""
+    from specdeploy.migrate import steps
+
+    m = _local_migration(tmp_path)
+    verified = tmp_path / "old-state" / "verified"
+    verified.mkdir(parents=True)
+    report = {"verdict": "pass", "run_id": "r1", "profile_file": str(tmp_path / "p.yaml"), "golden": {"key": "a" * 16}}
+    (verified / "gate.json").write_text(json.dumps(report))
+    identity = tmp_path / "served-identity"
+    identity.write_text(f"#!/bin/sh\necho '{json.dumps({'key': 'b' * 16})}'\n")
+    identity.chmod(0o755)
+    monkeypatch.setattr(steps, "CLI", str(identity))
+    with pytest.raises(SpecdeployError) as caught:
+        steps.plan(m, record.MigrationRecord(old="old", new="new"))
+    message = caught.value.message
+    assert f"identity {'b' * 16}" in message and f"identity {'a' * 16}" in message
+    assert "the stack changed since its gate" in message and "deploy.yml -l old" in (caught.value.hint or "")
+    assert not (m.workdir / "old-verified-gate.json").exists()

@@ -18,7 +18,7 @@ from typer.core import TyperGroup
 
 from specdeploy.cli import output
 from specdeploy.core import layout
-from specdeploy.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, SpecdeployError
+from specdeploy.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, SpecdeployError, UsageError
 from specdeploy.profile.lock import Lock, default_lock_path
 
 COMMAND_PATH = "specdeploy.command"
@@ -112,6 +112,15 @@ PublishHostOpt = Annotated[
         "another address exposes routes the API key does not guard)"
     ),
 ]
+
+
+def one_balancer(socket: Path | None, hook: Path | None, *, hook_flag: str) -> None:
+    """Refuse a front's HAProxy socket and a site's balancer hook given together: each names a balancer."""
+    if socket is not None and hook is not None:
+        raise UsageError(
+            f"--socket {socket} and {hook_flag} {hook} name two balancers: expected one",
+            hint=f"--socket for the front's HAProxy (or neither: its default socket), {hook_flag} for a site's own",
+        )
 
 
 def host_layout(

@@ -51,11 +51,7 @@ TimeoutOpt = Annotated[float, typer.Option("--timeout", help="seconds --wait wai
 def _balancer(socket_path: Path | None, hook: Path | None, timeout: float) -> Any:
     from specdeploy.front import balancer, runtime
 
-    if hook is not None and socket_path is not None:
-        raise UsageError(
-            "--socket and --hook name two balancers: expected one",
-            hint="--socket for the front's HAProxy, --hook for a site's own balancer",
-        )
+    base.one_balancer(socket_path, hook, hook_flag="--hook")
     if hook is not None:
         return balancer.HookBalancer(hook, timeout_s=timeout)
     return runtime.RuntimeApi(socket_path or Path(FrontSpec().runtime_socket))

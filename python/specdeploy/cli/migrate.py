@@ -116,11 +116,7 @@ def _step(
     if front is not None:
         record.check_host_name(front, "--front")
     socket, hook = door
-    if socket is not None and hook is not None:
-        raise UsageError(
-            f"--socket {socket} and --front-hook {hook} name two balancers: expected one",
-            hint="--socket for the front's HAProxy (or neither: its default socket), --front-hook for a site's own",
-        )
+    base.one_balancer(socket, hook, hook_flag="--front-hook")
     if options.get("seed_from") is not None:
         record.check_host_name(options["seed_from"], "--seed-from")
         if options["seed_from"] == new:

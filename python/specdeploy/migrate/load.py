@@ -151,14 +151,6 @@ class Load:
         self._thread.join(timeout_s)
         return self.stop()
 
-    def wait_sent(self, n: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.result.sent >= n:
-                return True
-            time.sleep(0.1)
-        return False
-
     def wait_streaming(self, n: int, timeout_s: float) -> bool:
         """Wait until `n` requests are open and streaming (each has had an event from the engine): a
         request only sent may still be connecting, and a drain that came first would find none in flight

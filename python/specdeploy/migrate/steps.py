@@ -279,7 +279,9 @@ def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     free = int(
         run(m, m.new, ["python3", "-c", FREE_BYTES, new_layout.models.as_posix()], what="NEW's free space").stdout
     )
-    # what NEW lacks: a file already there at its full size (a resumed prepare, a former OLD) takes no more
+    # NEW's preflight (above) checked the profile's declared needs (host.disk, in GiB); this checks the
+    # bytes the seed will copy, by the lock's file list. What NEW lacks: a file already there at its full
+    # size (a resumed prepare, a former OLD) takes no more
     on_new = seed.iter_sizes(seed.FabricSide(m.conn(m.new), m.new.name), items)
     missing = sum(size for size, there in zip(sizes, on_new, strict=True) if there != size)
     if problem := space_problem(m.new.name, new_layout.models.as_posix(), free=free, needed=missing):
