@@ -20,8 +20,8 @@ One chain, each test starting from what the previous left:
 4. NEW made to serve another engine version — its image rebuilt on NEW with vLLM's version
    string changed to 0.31.0, so its `/version` really differs — stops at `migrate verify` with a
    report naming both versions, and the front never sent NEW a request;
-5. NEW fixed by `migrate prepare` again (the deploy puts back the image by digest), `migrate
-   verify` passes;
+5. NEW fixed by `migrate prepare --image-from-old` (NEW stripped of the profile's image name first:
+   OLD's image saved on OLD, seeded to NEW, loaded by the images role), `migrate verify` passes;
 6. `migrate cutover` under load through the front (bounded streaming requests, at least 2 in
    flight at every instant — measured from the requests' own start and end times —, eight at a
    time, each decoding longer than the step takes to reach its drain): failed = 0, OLD had requests
@@ -50,9 +50,10 @@ from tests.support.container_rig import API_KEY, PROFILE, Rig
 
 from specdeploy.core import layout
 from specdeploy.front import haproxy
+from specdeploy.images.build import image_tag
 from specdeploy.migrate import load
 from specdeploy.profile import load_profile
-from specdeploy.rehearsal import hosts, hub, migration, variants
+from specdeploy.rehearsal import deploy, hosts, hub, migration, variants
 
 pytestmark = [
     pytest.mark.testhost,
@@ -65,6 +66,7 @@ NEW_NAME = migration.NEW_NAME
 # a loaded move sends at most LOAD_REQUESTS, stops when the step ends, and must have sent LOAD_MIN_SENT
 LOAD_REQUESTS, LOAD_MIN_SENT = 48, migration.LOAD_IN_FLIGHT + 4  # more than the first wave
 OTHER_IMAGE = "localhost/specdeploy-test/vllm-other:0.31"
+TAG = image_tag(load_profile(PROFILE))  # the engine image's name the profile gives it on every host
 
 
 @dataclass
@@ -229,9 +231,20 @@ def test_new_serving_another_engine_version_stops_at_verify_and_gets_no_traffic(
 
 
 def test_new_fixed_by_prepare_again_passes_verify(site: Site) -> None:
-    code, out = site.migrate("prepare")
+    """This time NEW gets OLD's image as an archive saved on OLD (`--image-from-old`, as a site with no
+    registry would). NEW first loses the profile's tag (every name of the image, as on a host that
+    never had it), so the images role must load the archive to serve the profile again."""
+    image_id = site.old.ssh(f"podman image inspect --format '{{{{.Id}}}}' {TAG}").stdout.strip()
+    site.new.ssh(f"podman untag {image_id}")
+    assert site.new.ssh(f"podman image exists {TAG}", check=False).returncode != 0
+    code, out = site.migrate("prepare", "--image-from-old")
     assert code == 0, out
     assert out["details"]["seed"]["copied"] == 0  # every file already verified
+    image = out["details"]["image"]
+    assert image["image_id"] == f"sha256:{image_id}" and image["copied"] == 1 and image["bytes_copied"] > 10**8
+    assert out["details"]["images_source"] == "archive from OLD (instead of pull)"
+    assert site.new.ssh(f"podman image inspect --format '{{{{.Id}}}}' {TAG}").stdout.strip() == image_id
+    assert site.old.ssh(f"test -e {image['saved_on_old']}", check=False).returncode == 1  # OLD's disk given back
     code, out = site.migrate("verify")
     assert code == 0, out
     lines = {line["what"]: line for line in out["details"]["comparison"]["lines"]}
@@ -253,6 +266,26 @@ def test_cutover_and_rollback_under_load_fail_no_request(site: Site) -> None:
         servers = site.front_status()
         assert servers[serving]["state"] == "ready", servers
     assert site.record()["traffic_on"] == "new"
+
+
+# what a rolling deploy does on each host, in order (task-name prefixes of deploy.yml's roles)
+ROLLING_STAGES = {
+    "drained": "front : Drain this host from the site's front door",
+    "restarted": "engine : Restart the engine",
+    "gated": "smoke_gate : Gate the new stack",
+    "put back": "front : Put this host back in the site's front door",
+}
+
+
+def _rolling_order(output: str) -> list[tuple[str, str]]:
+    """(host, stage) for each result line of a ROLLING_STAGES task, in the play's order (a stage a task
+    reports as skipped did not happen)."""
+    return [
+        (host, stage)
+        for task, status, host in deploy.task_events(output)
+        for stage, prefix in ROLLING_STAGES.items()
+        if task.startswith(prefix) and status in ("ok", "changed")
+    ]
 
 
 # two deploys one after the other, each with its gate, under the load: ~15 min on a loaded 2-core VM
@@ -284,6 +317,11 @@ def test_a_rolling_deploy_of_both_hosts_through_the_front_fails_no_request(site:
     assert (result.min_in_flight_while_running or 0) >= 2
     servers = site.front_status()
     assert servers[site.old.name]["state"] == servers[site.new.name]["state"] == "ready", servers
+    # one host at a time, from the play's own output: drained, its engine restarted, gated, put back,
+    # all before the next host is drained
+    assert _rolling_order(run.stdout) == [
+        (host, stage) for host in (site.old.name, site.new.name) for stage in ROLLING_STAGES
+    ], run.stdout[-5000:]
 
 
 def test_finish_stops_old_after_the_soak_and_keeps_its_weights_and_state(site: Site) -> None:

@@ -285,6 +285,26 @@ def test_an_interrupted_seed_resumes_from_the_partial_file_s_size(tmp_path: Path
     assert new.sha256(big.path) == big.sha256 and new.size(big.path + seed.PART) is None
 
 
+def test_a_file_saved_elsewhere_on_old_is_seeded_to_its_own_path_on_new_and_resumes(tmp_path: Path) -> None:
+    """`prepare --image-from-old`: OLD's image archive, saved beside OLD's state, lands at NEW's archive
+    path (where the images role loads it), verified, and an interrupted copy resumes."""
+    old, new = seed.LocalSide(tmp_path / "old", "old"), seed.LocalSide(tmp_path / "new", "new")
+    data = bytes(range(256)) * (2 * seed.CHUNK // 256 + 3)
+    saved = old._p("/var/lib/specdeploy/migrate/engine-image-0123456789ab.tar")
+    saved.parent.mkdir(parents=True)
+    saved.write_bytes(data)
+    item = seed.SeedFile(
+        "image", "0123456789ab", "/var/lib/specdeploy/image.tar", hashlib.sha256(data).hexdigest(),
+        source="/var/lib/specdeploy/migrate/engine-image-0123456789ab.tar",
+    )  # fmt: skip
+    new.makedirs("/var/lib/specdeploy")
+    new._p(item.path + seed.PART).write_bytes(data[:1000])  # a copy interrupted at byte 1000
+    result = seed.seed(old, new, [item])
+    assert result.files == [{"path": item.path, "action": "resumed at byte 1000", "bytes_copied": len(data) - 1000}]
+    assert new.sha256(item.path) == item.sha256 and new.size(item.source_path) is None
+    assert seed.seed(old, new, [item]).copied == 0
+
+
 def test_a_partial_file_that_is_no_prefix_is_copied_again_from_the_start(tmp_path: Path) -> None:
     old, new, items = _hosts(tmp_path)
     big = items[1]

@@ -182,7 +182,9 @@ def _summary(step: str, details: dict[str, Any]) -> str:
     if step == "prepare":
         seeded = details["seed"]
         copied = f"{seeded['copied']} files copied ({seeded['bytes_copied']} bytes)"
-        return f"{copied}, {seeded['already_verified']} already verified; NEW deployed and gated"
+        image = details.get("image")
+        moved = f"; OLD's image archive: {image['bytes_copied']} bytes copied" if image else ""
+        return f"{copied}, {seeded['already_verified']} already verified{moved}; NEW deployed and gated"
     if step == "verify":
         return details["summary"]
     if step in ("cutover", "rollback") and "duration_s" in details:
@@ -236,6 +238,14 @@ def prepare(
             "directory at the same path; every file is verified against the lock either way",
         ),
     ] = None,
+    image_from_old: Annotated[
+        bool,
+        typer.Option(
+            "--image-from-old",
+            help="give NEW the engine image OLD serves as an archive saved on OLD and seeded to NEW (verified, "
+            "resumable), not pulled by digest from the site registry: for a site with no registry",
+        ),
+    ] = False,
     deploy_args: DeployArgs = None,
     as_json: base.JsonOpt = False,
 ) -> None:
@@ -251,6 +261,7 @@ def prepare(
         list(deploy_args or []),
         as_json,
         seed_from=seed_from,
+        image_from_old=image_from_old,
     )
 
 

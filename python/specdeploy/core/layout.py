@@ -158,6 +158,12 @@ class HostLayout:
         return self.state / "profiles"
 
     @property
+    def image_archive(self) -> Path:
+        """Where the images role loads the engine image's archive from (`images_source: archive`): the
+        controller's copy lands here, or `migrate prepare --image-from-old` seeds OLD's saved image here."""
+        return self.state / "image.tar"
+
+    @property
     def preflight(self) -> Path:
         """The last preflight's report (the preflight role's; `migrate plan` reads NEW's)."""
         return self.state / "preflight.json"

@@ -302,6 +302,11 @@ def build_args(
     return args | dict(image.build_args)
 
 
+# `podman save`'s format for an engine image archive: it keeps the image's name, so `podman load` on
+# another host gives back the profile's tag (which `image ensure --source archive` looks for)
+ARCHIVE_FORMAT = "oci-archive"
+
+
 def image_tag(profile: Profile) -> str:
     assert profile.engine.image is not None
     tag = re.sub(r"[^A-Za-z0-9_.-]", "-", str(profile.engine.source.version.value))

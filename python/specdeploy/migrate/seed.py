@@ -129,7 +129,9 @@ class FabricSide:
         return f
 
     def appender(self, path: str) -> IO[bytes]:
-        return self.sftp.open(path, "ab")
+        f = self.sftp.open(path, "ab")
+        f.set_pipelined(True)  # writes do not wait one round trip each (GBs of an image); errors come at close
+        return f
 
     def makedirs(self, path: str) -> None:
         self.connection.run(f"mkdir -p -- {shlex.quote(path)}", hide=True, in_stream=False)
@@ -142,8 +144,13 @@ class FabricSide:
 class SeedFile:
     role: str
     revision: str
-    path: str  # absolute, the same on both hosts (the host layout's models root)
+    path: str  # absolute on NEW; the same on OLD for weights (the host layout's models root)
     sha256: str
+    source: str | None = None  # the path on OLD when it differs (an image archive saved there)
+
+    @property
+    def source_path(self) -> str:
+        return self.source or self.path
 
 
 @dataclass
@@ -194,10 +201,10 @@ def planned_files(profile: Profile, lock: Lock, models: str, revisions: dict[str
 def _copy(old: Side, new: Side, item: SeedFile, progress: Callable[[int], None]) -> int:
     part = item.path + PART
     start = new.size(part) or 0
-    total = old.size(item.path)
+    total = old.size(item.source_path)
     if total is None:
         raise SeedError(
-            f"{old.name}: {item.path} is missing; OLD serves a revision whose file is gone",
+            f"{old.name}: {item.source_path} is missing; OLD serves a revision whose file is gone",
             hint=f"check OLD's weights (`specdeploy weights verify` on {old.name}); traffic stays on OLD",
         )
     if start > total:  # a part longer than the file: not a prefix of it
@@ -205,7 +212,7 @@ def _copy(old: Side, new: Side, item: SeedFile, progress: Callable[[int], None])
         with new.appender(part) as f:
             f.truncate(0)
     copied = 0
-    with old.reader(item.path, start) as src, new.appender(part) as dst:
+    with old.reader(item.source_path, start) as src, new.appender(part) as dst:
         for block in iter(lambda: src.read(CHUNK), b""):
             dst.write(block)
             copied += len(block)

@@ -198,14 +198,17 @@ FREE_BYTES = (
 SPACE_MARGIN = 1.05  # the seed's partial files and the deploy's own writes
 
 
-def space_problem(host: str, path: str, *, free: int, needed: int) -> str | None:
-    """Why NEW cannot take the weights' bytes at `path` (None: it can): the disk filling mid-copy is
-    what plan exists to catch before a single byte moves."""
+def space_problem(
+    host: str, path: str, *, free: int, needed: int, what: str = "weights NEW lacks", fills: str = "NEW's disk"
+) -> str | None:
+    """Why `host` cannot take `needed` bytes at `path` (None: it can): the disk filling mid-copy is
+    what plan exists to catch before a single byte moves (and, for an image saved on OLD, what would
+    stop the engine serving there)."""
     if free >= needed * SPACE_MARGIN:
         return None
     return (
         f"{host}: {human(free)} free for {path}, expected at least {human(int(needed * SPACE_MARGIN))} "
-        f"({human(needed)} of weights NEW lacks, {SPACE_MARGIN - 1:.0%} margin): prepare would fill NEW's disk"
+        f"({human(needed)} of {what}, {SPACE_MARGIN - 1:.0%} margin): prepare would fill {fills}"
     )
 
 
@@ -356,10 +359,67 @@ def image_source(deploy_args: list[str], inventory_value: Any = None) -> str:
     return found
 
 
-def prepare(m: Migration, rec: record.MigrationRecord, seed_from: HostAccess | None = None) -> dict[str, Any]:
+def image_of_old(m: Migration, profile: Profile) -> dict[str, Any]:
+    """`prepare --image-from-old`: the engine image OLD serves, saved there (`podman save`, once per
+    image ID, beside OLD's state) and seeded to NEW's archive path like a weight file (streamed through
+    the controller, verified by its sha256 on NEW, resumable), for the images role to load
+    (`images_source: archive`). For a site with no registry; never a rebuild.
+
+    Refused, before anything is saved, when OLD's tag for the profile is not the image OLD's verified
+    gate served (its identity's image ID) or when OLD's disk cannot hold the archive beside what
+    it serves. The archive on OLD is removed once NEW's deploy passed (`drop_old_archive`)."""
+    from specdeploy.images.build import ARCHIVE_FORMAT, image_tag
+
+    tag = image_tag(profile)
+    found = run(m, m.old, ["podman", "image", "inspect", "--format", "{{.Id}} {{.Size}}", tag],
+                what=f"OLD's engine image {tag}", ok_codes=(0, 125))  # fmt: skip
+    if found.exited != 0:
+        raise StepError(
+            f"{m.old.name} has no image {tag}: there is nothing to save for NEW; nothing was copied",
+            hint="prepare without --image-from-old: NEW pulls the image by digest from the site registry",
+        )
+    image_id, size = found.stdout.split()
+    old_report = json.loads((m.workdir / "old-verified-gate.json").read_text())
+    served = ((old_report.get("golden") or {}).get("identity") or {}).get("image_id")
+    if served and served.removeprefix("sha256:") != image_id:
+        raise StepError(
+            f"{m.old.name}: {tag} is image sha256:{image_id[:12]}, but OLD's verified gate served "
+            f"{served.removeprefix('sha256:')[:12]}: saving the tag would give NEW another image than OLD serves; "
+            "nothing was copied",
+            hint="prepare without --image-from-old (the image by digest from the site registry), or re-deploy OLD "
+            "so its gate covers what it serves, then plan again",
+        )
+    source = posixpath.join(m.layout(m.old).state.as_posix(), "migrate", f"engine-image-{image_id[:12]}.tar")
+    if run(m, m.old, ["test", "-f", source], what="OLD's saved image", ok_codes=(0, 1)).exited != 0:
+        free = int(run(m, m.old, ["python3", "-c", FREE_BYTES, source], what="OLD's free space").stdout)
+        fills = "OLD's disk, under the engine serving there"
+        if problem := space_problem(m.old.name, source, free=free, needed=int(size), what="image", fills=fills):
+            raise StepError(problem + "; nothing was saved", hint="prepare without --image-from-old (the registry)")
+        run(m, m.old, ["mkdir", "-p", "--", posixpath.dirname(source)], what="OLD's directory for the image")
+        m.progress(f"saving {tag} on {m.old.name} ({human(int(size))})")
+        run(m, m.old, ["podman", "image", "save", "--format", ARCHIVE_FORMAT, "--output", f"{source}.part", tag],
+            what=f"saving {tag}")  # fmt: skip
+        run(m, m.old, ["mv", "--", f"{source}.part", source], what="OLD's saved image into place")
+    sha = run(m, m.old, ["sha256sum", "--", source], what="the saved image's sha256").stdout.split()[0]
+    item = seed.SeedFile("image", image_id[:12], m.layout(m.new).image_archive.as_posix(), sha, source=source)
+    m.progress(f"seeding the image archive from {m.old.name} to {m.new.name}")
+    copied = seed.seed(seed.FabricSide(m.conn(m.old), m.old.name), seed.FabricSide(m.conn(m.new), m.new.name), [item])
+    return {"tag": tag, "image_id": f"sha256:{image_id}", "saved_on_old": source, "sha256": sha} | copied.to_json()
+
+
+def drop_old_archive(m: Migration, image: dict[str, Any]) -> None:
+    """OLD's saved image is GBs on the disk of a serving host: gone once NEW loaded it and passed."""
+    run(m, m.old, ["rm", "-f", "--", image["saved_on_old"]], what="removing OLD's saved image")
+
+
+def prepare(
+    m: Migration, rec: record.MigrationRecord, seed_from: HostAccess | None = None, *, image_from_old: bool = False
+) -> dict[str, Any]:
     """`seed_from`: a site mirror (an inventory host holding the models directory at OLD's path) to copy
-    the weights from instead of OLD; each file is verified against the lock all the same."""
-    source = image_source(m.deploy_args, m.new.variables.get("images_source"))
+    the weights from instead of OLD; each file is verified against the lock all the same.
+    `image_from_old`: NEW gets OLD's image as an archive saved on OLD (`image_of_old`), not from the
+    site registry: it overrides the site's and the inventory's `images_source` for this deploy."""
+    source = image_source(m.deploy_args, m.new.variables.get("images_source"))  # a rebuild is refused even so
     origin = seed_from or m.old
     planned = rec.steps["plan"].details
     profile_path = m.workdir / "profiles" / f"{planned['profile']}.yaml"
@@ -385,8 +445,11 @@ def prepare(m: Migration, rec: record.MigrationRecord, seed_from: HostAccess | N
     run(m, m.new, ["mkdir", "-p", "--", new_layout.golden.as_posix()], what="NEW's golden directory")
     with m.conn(m.new).sftp().open(f"{new_layout.golden.as_posix()}/{key}.json", "w") as f:
         f.write(golden_text.stdout)
+    image = image_of_old(m, profile) if image_from_old else None
     run_id = new_run_id()
     extra = {"weights_source": "present", "images_source": source, "front_rotate": "false", "specdeploy_run_id": run_id}
+    if image is not None:  # the archive is on NEW already: the role loads it, copying nothing from the controller
+        extra |= {"images_source": "archive", "images_archive_src": ""}
     code = _deploy(m, m.new, profile, profile_path.parent, extra)
     report = read_json_file(m, m.new, f"{new_layout.runs.as_posix()}/{run_id}/gate.json", what="NEW's gate report")
     if code != 0:
@@ -400,9 +463,11 @@ def prepare(m: Migration, rec: record.MigrationRecord, seed_from: HostAccess | N
             hint=f"read the play's log in {m.workdir}, fix what it names, and run `migrate prepare` again "
             "(verified files are not copied again)",
         )
+    if image is not None:
+        drop_old_archive(m, image)
     return {
         "seed": seeded.to_json() | {"from": origin.name}, "golden": key, "deploy": "passed", "gate_run": run_id,
-        "images_source": source,
+        "images_source": f"archive from OLD (instead of {source})" if image is not None else source, "image": image,
     }  # fmt: skip
 
 

@@ -31,7 +31,7 @@ def deploy_facts(
     gated = [m.repo for m in (profile.target, drafter) if m is not None and m.gated]
     # the revisions themselves are resolved on the host (`weights serve`): the roles name the links
     paths = host.to_json() | {
-        "image_archive": str(host.state / "image.tar"),
+        "image_archive": str(host.image_archive),
         "base_image_archive": str(host.state / "base-image.tar"),
         "weights_archive": str(host.state / "weights.tar"),
     }

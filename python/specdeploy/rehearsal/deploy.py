@@ -332,15 +332,25 @@ def run_playbook(argv: list[str], *, capture: bool) -> subprocess.CompletedProce
     return subprocess.run(argv, cwd=checkout() / "ansible", capture_output=capture, text=True, env=env)
 
 
-def changed_tasks(output: str) -> list[str]:
-    """Names of the tasks a play's output reports as changed (handlers included), in order."""
-    changed, task = [], ""
+def task_events(output: str) -> list[tuple[str, str, str]]:
+    """(task, status, host) for each host's result line in a play's output (the default callback's),
+    in order, handlers included: status is ok, changed, skipping, failed or fatal; a delegated task's
+    line (`changed: [host -> front]`) names the host it ran for."""
+    events, task = [], ""
     for line in output.splitlines():
         if line.startswith(("TASK [", "RUNNING HANDLER [")):
             task = line.split("[", 1)[1].rsplit("]", 1)[0]
-        elif line.startswith("changed: ["):
-            changed.append(task)
-    return changed
+            continue
+        status, _, rest = line.partition(": [")
+        if status in ("ok", "changed", "skipping", "failed", "fatal") and rest:
+            host = rest.split("]", 1)[0].split(" -> ", 1)[0]
+            events.append((task, status, host))
+    return events
+
+
+def changed_tasks(output: str) -> list[str]:
+    """Names of the tasks a play's output reports as changed (handlers included), in order."""
+    return [task for task, status, _ in task_events(output) if status == "changed"]
 
 
 def gate_report(target: hosts.Host, run_id: str, state: Path | None = None) -> dict[str, Any] | None:

