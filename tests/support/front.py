@@ -69,6 +69,8 @@ class EchoEngine:
     port: int = 0
     hold_s: float = 30.0  # how long a stream is held open at most (until `release`)
     token_s: float | None = None  # when set, a stream lasts max_tokens × token_s (as an engine's decode)
+    open_streams: int = 0  # served on /metrics as vLLM's gauge of running requests
+    gauges_served: list[int] = field(default_factory=list)  # open_streams at each /metrics answer
 
     def requests(self) -> list[tuple[str, str, str | None]]:
         """What reached this engine, the front's health checks aside."""
@@ -89,6 +91,14 @@ def _handler(engine: EchoEngine) -> type[BaseHTTPRequestHandler]:
             if self.path == "/health":
                 self._send(200, b"")
                 return
+            if self.path == "/metrics":  # vLLM's names for the requests in flight (engine.idle reads them)
+                engine.gauges_served.append(engine.open_streams)
+                gauges = (
+                    f'vllm:num_requests_running{{model_name="m"}} {float(engine.open_streams)}\n'
+                    'vllm:num_requests_waiting{model_name="m"} 0.0\n'
+                )
+                self._send(200, gauges.encode())
+                return
             try:
                 request = json.loads(body) if body else {}
             except ValueError:
@@ -104,12 +114,14 @@ def _handler(engine: EchoEngine) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
+                engine.open_streams += 1
                 self._chunk(b"data: " + json.dumps(echo).encode() + b"\n\n")
                 engine.streaming.set()
                 hold = engine.hold_s
                 if engine.token_s is not None and isinstance(request.get("max_tokens"), int):
                     hold = min(hold, request["max_tokens"] * engine.token_s)
                 engine.release.wait(hold)
+                engine.open_streams -= 1
                 self._chunk(b"data: [DONE]\n\n")
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()

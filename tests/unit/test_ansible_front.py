@@ -378,6 +378,86 @@ def test_decommission_stops_the_engine_before_it_removes_anything(tmp_path: Path
     assert not (podman.parent / "calls.log").exists()
 
 
+def _engine_on(facts: dict[str, Any], tmp_path: Path, port: int, drain_timeout_s: float) -> None:
+    """The host's profile copy serving on `port` (where an engine stand-in listens), its unit file there."""
+    from specdeploy.rehearsal import variants
+
+    changes = {"engine": {"serve": {"port": port}}, "migration": {"drain_timeout_s": drain_timeout_s}}
+    profile = variants.derive(load_profile("a6000-dflash"), "a6000-dflash", changes)
+    facts["profile"]["file"] = str(variants.materialize(profile, tmp_path / "profiles"))
+    unit = Path(facts["unit"]["file"])
+    unit.parent.mkdir(parents=True)
+    unit.write_text(f"[Container]\nImage={REPO}:new\n")
+
+
+def _stream_in_background(port: int) -> Any:
+    """A streaming request straight to the engine (as an internal client's, not through the front)."""
+    import threading
+
+    import httpx
+
+    def read() -> None:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        with httpx.stream("POST", url, json={"stream": True}, timeout=90) as response:
+            for _ in response.iter_lines():
+                pass
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_decommission_waits_for_a_request_in_flight_on_the_engine_before_it_stops_it(tmp_path: Path) -> None:
+    """A stream open on the engine directly (the front has drained the host, but not every client
+    comes through it): the play waits on the engine's own gauge (`engine idle`) and reaches the
+    engine's stop only once the stream ended. The engine is the front tests' stand-in, serving
+    vLLM's gauge names; a real vLLM-CPU engine's gauges: tests/integration/test_smoke_vllm.py."""
+    import threading
+    import time
+
+    facts = _host(tmp_path)
+    _fake_podman(tmp_path / "bin")
+    with engines("old") as started:
+        engine = started["old"]
+        _engine_on(facts, tmp_path, engine.port, drain_timeout_s=60)
+        client = _stream_in_background(engine.port)
+        assert engine.streaming.wait(10)
+
+        def release_once_polled_twice() -> None:  # the play has seen the stream in flight (twice): it ends
+            deadline = time.monotonic() + 120
+            while len(engine.gauges_served) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            engine.release.set()
+
+        threading.Thread(target=release_once_polled_twice, daemon=True).start()
+        done = _decommission(tmp_path, facts, "-l", "localhost")
+        client.join(10)
+    assert "TASK [Wait for the requests in flight on the engine to finish (its own gauges)]" in done.stdout
+    assert "TASK [Stop the engine]" in done.stdout, done.stdout[-3000:]  # reached (and fails: no systemd here)
+    seen = engine.gauges_served
+    assert seen[:2] == [1, 1] and seen[-1] == 0, seen  # waited while it ran, went on once it ended
+
+
+def test_decommission_stops_before_the_engine_s_stop_while_requests_are_still_in_flight(tmp_path: Path) -> None:
+    """Past the profile's migration.drain_timeout_s with a request still running, the play stops at
+    the wait, naming it: the engine keeps serving it, nothing is removed."""
+    facts = _host(tmp_path)
+    podman = _fake_podman(tmp_path / "bin")
+    with engines("old") as started:
+        engine = started["old"]
+        _engine_on(facts, tmp_path, engine.port, drain_timeout_s=2)
+        client = _stream_in_background(engine.port)
+        assert engine.streaming.wait(10)
+        done = _decommission(tmp_path, facts, "-l", "localhost")
+        engine.release.set()
+        client.join(10)
+    assert done.returncode != 0
+    assert "1 request(s) still in flight" in done.stdout and "would cut them" in done.stdout, done.stdout[-3000:]
+    assert "TASK [Stop the engine]" not in done.stdout and set(engine.gauges_served) == {1}
+    assert Path(facts["paths"]["state"], "secrets", "specdeploy_api_key").exists()
+    assert not (podman.parent / "calls.log").exists()
+
+
 def test_engine_remove_in_check_mode_names_what_would_go_and_removes_nothing(tmp_path: Path) -> None:
     facts = _host(tmp_path)
     podman = _fake_podman(tmp_path / "bin")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
 from specdeploy.cli import base, output
 from specdeploy.core.errors import UsageError
@@ -220,6 +221,47 @@ def engine_remove(
     output.emit(done.to_json(), True, lambda: None)
     if done.problems:
         raise typer.Exit(1)
+
+
+@engine_app.command("idle")
+def engine_idle(
+    profile: base.ProfileOpt,
+    endpoint: Annotated[
+        str | None, typer.Option(help="the engine's base URL (default http://127.0.0.1:<the profile's port>)")
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(help="seconds to wait at most (default: the profile's migration.drain_timeout_s)", min=0),
+    ] = None,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Wait until the engine has no request running or waiting, by its own gauges (every request,
+    through the front or not), before it is stopped for good (ansible/decommission.yml). Exit 0 when
+    idle (or not answering: nothing in flight), 1 when requests are still in flight at the timeout."""
+    from specdeploy.engine import idle
+
+    p = load_profile(profile)
+    url = (endpoint or f"http://127.0.0.1:{p.engine.serve.port}").rstrip("/")
+    limit = p.migration.drain_timeout_s if timeout is None else timeout
+
+    def progress(count: int, waited: float) -> None:
+        output.err.print(f"engine idle: {count} request(s) in flight on {url}, {waited:.0f} s of {limit:g}")
+
+    result = idle.wait_idle(url, p.engine.kind, limit, progress=progress)
+
+    def table() -> Table:
+        shown = Table("", "", title=f"engine idle: {url}")
+        for key, value in result.to_json().items():
+            shown.add_row(*output.cells(key, value))
+        return shown
+
+    output.emit(result.to_json(), as_json, table)
+    if not result.idle:
+        raise idle.IdleError(
+            f"{result.in_flight} request(s) still in flight on {url} after {limit:g} s: stopping the engine now "
+            "would cut them",
+            hint="run it again (it waits again), or raise --timeout; nothing was stopped",
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -55,8 +55,9 @@ def shutdown_timeout_s(profile: Profile) -> int:
     """How long a stopping vLLM lets its requests in flight finish (`--shutdown-timeout`, vLLM >= 0.18):
     `engine.serve.shutdown_timeout_s`, by default 0 (vLLM's own: abort them). Opt-in: with the drain's
     time by default, a failed gate's rollback could not prove the restarted previous engine (exit 4 in
-    the failed-switch test; docs/benchmarks.md footnote 10). The front drains a host before any planned
-    stop, so nothing is in flight then. Other engines: 0 (no such flag)."""
+    the failed-switch test; docs/benchmarks.md footnote 10). A planned stop for good waits instead: the
+    front drains the host, then decommission.yml waits on the engine's own gauges until nothing is in
+    flight (engine.idle). Other engines: 0 (no such flag)."""
     if profile.engine.kind != "vllm":
         return 0
     chosen = profile.engine.serve.shutdown_timeout_s
