@@ -119,11 +119,11 @@ def test_other_traffic_is_reported(stack: Stack, monkeypatch: pytest.MonkeyPatch
 
 
 def test_the_idle_wait_counts_a_real_stream_by_vllm_s_own_gauges_and_returns_once_it_ended(stack: Stack) -> None:
-    """What decommission.yml waits on before it stops an engine for good (engine.idle): real vLLM's
+    """What decommission.yml waits on before it stops an engine for good (smoke.idle): real vLLM's
     `vllm:num_requests_running` counts a stream in flight, and the wait returns once it ended."""
     import threading
 
-    from specdeploy.engine import idle
+    from specdeploy.smoke import idle
 
     engine = stack("healthy")
     body = {"model": "tiny-qwen3", "prompt": "Count:", "max_tokens": 400, "temperature": 0, "ignore_eos": True,

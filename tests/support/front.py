@@ -91,7 +91,7 @@ def _handler(engine: EchoEngine) -> type[BaseHTTPRequestHandler]:
             if self.path == "/health":
                 self._send(200, b"")
                 return
-            if self.path == "/metrics":  # vLLM's names for the requests in flight (engine.idle reads them)
+            if self.path == "/metrics":  # vLLM's names for the requests in flight (smoke.idle reads them)
                 engine.gauges_served.append(engine.open_streams)
                 gauges = (
                     f'vllm:num_requests_running{{model_name="m"}} {float(engine.open_streams)}\n'

@@ -238,7 +238,7 @@ def engine_idle(
     """Wait until the engine has no request running or waiting, by its own gauges (every request,
     through the front or not), before it is stopped for good (ansible/decommission.yml). Exit 0 when
     idle (or not answering: nothing in flight), 1 when requests are still in flight at the timeout."""
-    from specdeploy.engine import idle
+    from specdeploy.smoke import idle
 
     p = load_profile(profile)
     url = (endpoint or f"http://127.0.0.1:{p.engine.serve.port}").rstrip("/")

