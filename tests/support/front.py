@@ -278,3 +278,19 @@ def running(config: FrontConfig, directory: Path, *, ready: tuple[str, ...] = ()
         front.stop()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(config.runtime_socket)
+
+
+def stream_in_background(port: int) -> threading.Thread:
+    """A streaming chat request to the engine at `port` (straight to it, as an internal client's), read
+    to its end on a thread of its own."""
+    import httpx
+
+    def read() -> None:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        with httpx.stream("POST", url, json={"stream": True}, timeout=90) as response:
+            for _ in response.iter_lines():
+                pass
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread

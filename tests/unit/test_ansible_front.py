@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.front import engines, front_config, make_certificate, running
+from tests.support.front import engines, front_config, make_certificate, running, stream_in_background
 from tests.support.playbooks import FRONT_PLAY, engine_play, play
 
 from specdeploy.core import layout
@@ -390,23 +390,6 @@ def _engine_on(facts: dict[str, Any], tmp_path: Path, port: int, drain_timeout_s
     unit.write_text(f"[Container]\nImage={REPO}:new\n")
 
 
-def _stream_in_background(port: int) -> Any:
-    """A streaming request straight to the engine (as an internal client's, not through the front)."""
-    import threading
-
-    import httpx
-
-    def read() -> None:
-        url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        with httpx.stream("POST", url, json={"stream": True}, timeout=90) as response:
-            for _ in response.iter_lines():
-                pass
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_decommission_waits_for_a_request_in_flight_on_the_engine_before_it_stops_it(tmp_path: Path) -> None:
     """A stream open on the engine directly (the front has drained the host, but not every client
     comes through it): the play waits on the engine's own gauge (`engine idle`) and reaches the
@@ -420,7 +403,7 @@ def test_decommission_waits_for_a_request_in_flight_on_the_engine_before_it_stop
     with engines("old") as started:
         engine = started["old"]
         _engine_on(facts, tmp_path, engine.port, drain_timeout_s=60)
-        client = _stream_in_background(engine.port)
+        client = stream_in_background(engine.port)
         assert engine.streaming.wait(10)
 
         def release_once_polled_twice() -> None:  # the play has seen the stream in flight (twice): it ends
@@ -446,7 +429,7 @@ def test_decommission_stops_before_the_engine_s_stop_while_requests_are_still_in
     with engines("old") as started:
         engine = started["old"]
         _engine_on(facts, tmp_path, engine.port, drain_timeout_s=2)
-        client = _stream_in_background(engine.port)
+        client = stream_in_background(engine.port)
         assert engine.streaming.wait(10)
         done = _decommission(tmp_path, facts, "-l", "localhost")
         engine.release.set()

@@ -11,30 +11,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from tests.support.front import engines, free_port
+from tests.support.front import engines, free_port, stream_in_background
 
 from specdeploy.smoke import idle
-
-
-def _stream(port: int) -> threading.Thread:
-    def read() -> None:
-        with httpx.stream(
-            "POST", f"http://127.0.0.1:{port}/v1/chat/completions", json={"stream": True}, timeout=60
-        ) as r:
-            for _ in r.iter_lines():
-                pass
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_wait_idle_waits_while_a_stream_is_open_and_returns_once_it_ended() -> None:
     with engines("old") as started:
         engine = started["old"]
-        stream = _stream(engine.port)
+        stream = stream_in_background(engine.port)
         assert engine.streaming.wait(10)
         url = f"http://127.0.0.1:{engine.port}"
         assert idle.in_flight(url, "vllm") == 1
@@ -48,7 +34,7 @@ def test_wait_idle_waits_while_a_stream_is_open_and_returns_once_it_ended() -> N
 def test_wait_idle_gives_up_at_the_timeout_naming_the_requests_still_in_flight() -> None:
     with engines("old") as started:
         engine = started["old"]
-        _stream(engine.port)
+        stream_in_background(engine.port)
         assert engine.streaming.wait(10)
         started_at = time.monotonic()
         result = idle.wait_idle(f"http://127.0.0.1:{engine.port}", "vllm", 1.0, poll_s=0.2)
@@ -73,7 +59,7 @@ def test_metrics_without_the_engine_s_gauges_are_an_error_never_read_as_idle() -
 def test_the_cli_exits_1_with_requests_still_in_flight_and_0_once_idle(cli: Any, tmp_path: Path) -> None:
     with engines("old") as started:
         engine = started["old"]
-        _stream(engine.port)
+        stream_in_background(engine.port)
         assert engine.streaming.wait(10)
         url = f"http://127.0.0.1:{engine.port}"
         busy = cli("engine", "idle", "--profile", "cpu-rehearsal", "--endpoint", url, "--timeout", "1", "--json")
