@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import ssl
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,7 @@ from specdeploy.images.build import image_tag
 from specdeploy.migrate import load
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import deploy, hosts, hub, migration, variants
+from specdeploy.smoke.stages import golden_tokens
 
 pytestmark = [
     pytest.mark.testhost,
@@ -64,7 +66,7 @@ pytestmark = [
 OLD_IP = container_rig.HOST_IP
 NEW_NAME = migration.NEW_NAME
 # a loaded move sends at most LOAD_REQUESTS, stops when the step ends, and must have sent LOAD_MIN_SENT
-LOAD_REQUESTS, LOAD_MIN_SENT = 48, migration.LOAD_IN_FLIGHT + 4  # more than the first wave
+LOAD_REQUESTS, LOAD_MIN_SENT = 96, migration.LOAD_IN_FLIGHT + 4  # more than the first wave
 OTHER_IMAGE = "localhost/specdeploy-test/vllm-other:0.31"
 TAG = image_tag(load_profile(PROFILE))  # the engine image's name the profile gives it on every host
 
@@ -160,7 +162,9 @@ def test_the_deployed_front_serves_only_v1_and_health_and_passes_the_client_s_ke
 def test_plan_reads_old_s_verified_gate_golden_and_identity_and_preflights_new(site: Site) -> None:
     """NEW is checked against OLD's profile by deploy.yml's own preflight stage: with another program
     on the engine's port there, plan stops naming the check and the program; once it is gone, plan
-    passes and records NEW's preflight."""
+    passes and records NEW's preflight. OLD's golden transcript is put aside first (as on a host
+    whose verified run predates goldens): plan records one from OLD's own engine, which answers as
+    the one its gate kept (verify later compares NEW with it)."""
     port = load_profile(PROFILE).engine.serve.port
     site.new.ssh(f"systemd-run --unit=squatter python3 -m http.server {port} --bind 0.0.0.0")
     try:
@@ -170,9 +174,21 @@ def test_plan_reads_old_s_verified_gate_golden_and_identity_and_preflights_new(s
     assert code == 1 and f"{NEW_NAME} cannot run {PROFILE}" in out["stderr"], out
     assert f"port: {port} in use by pid" in out["stderr"] and "http.server" in out["stderr"], out["stderr"][-2000:]
     assert site.record()["steps"]["plan"]["status"] == "failed"
+    host = layout.HostLayout()
+    key = json.loads(site.old.ssh(f"cat {host.verified}/gate.json").stdout)["golden"]["key"]
+    goldens = host.golden
+    site.old.ssh(f"mkdir -p /root/golden-aside && mv {goldens}/{key}.json /root/golden-aside/")
     code, out = site.migrate("plan")
     assert code == 0, out
     details = out["details"]
+    assert details["identity_key"] == key and details["golden_recorded"] == f"{goldens}/{key}.json", details
+    recorded, kept = (json.loads(site.old.ssh(f"cat {d}/{key}.json").stdout) for d in (goldens, "/root/golden-aside"))
+    assert recorded["identity_key"] == kept["identity_key"] == key
+    prefix = kept["prefix_tokens"]  # the gate's own comparison: each prompt's first tokens
+    assert recorded["outputs"].keys() == kept["outputs"].keys()
+    assert {p: golden_tokens(text)[:prefix] for p, text in recorded["outputs"].items()} == {
+        p: golden_tokens(text)[:prefix] for p, text in kept["outputs"].items()
+    }
     assert details["new_preflight"]["passed"] is True
     assert details["profile"] == PROFILE and details["files"] >= 4 and details["bytes_to_copy"] > 0
     assert set(details["revisions"]) == {"target", "drafter"} and details["expected_downtime"].startswith("none")
@@ -195,7 +211,9 @@ def test_an_interrupted_prepare_resumes_without_copying_verified_files_again(sit
     assert code == 0, out
     seeded = out["details"]["seed"]
     assert seeded["already_verified"] >= 1 and seeded["copied"] >= 1, seeded
-    assert all(f["action"] != "copied" for f in seeded["files"] if "tiny-qwen3/" in f["path"]), seeded
+    # the target's files, all in place before the interruption, are only verified again: no byte copied
+    target = [f for f in seeded["files"] if "tiny-qwen3/" in f["path"]]
+    assert target and all(f["action"] == "already verified" and f["bytes_copied"] == 0 for f in target), seeded
     assert site.front_status()[site.new.name]["state"] == "maint"
 
 
@@ -255,13 +273,25 @@ def test_new_fixed_by_prepare_again_passes_verify(site: Site) -> None:
 
 
 def test_cutover_and_rollback_under_load_fail_no_request(site: Site) -> None:
+    # through prepare (twice), two verifies and the failed one, nothing reached NEW through the front
+    assert site.front_status()[NEW_NAME]["served_total"] == 0
+    unix_minus_monotonic = time.time() - time.monotonic()  # the move's times are wall-clock, the load's monotonic
     for step, serving in (("cutover", NEW_NAME), ("rollback", site.old.name), ("cutover", NEW_NAME)):
         code, out, result = site.under_load(step, site.load_spec())
         assert code == 0, out
         assert result.failed == 0 and result.sent >= LOAD_MIN_SENT, result.to_json()
         assert (result.min_in_flight_while_running or 0) >= 2
         drain = next(s for s in out["details"]["steps"] if s["step"] == "drain")
-        assert drain["in_flight_before"] >= 1, out["details"]  # the drained host had requests in flight
+        drained_at = drain["at_unix"] - unix_minus_monotonic
+        seen = {
+            "step": step,
+            "move": out["details"],
+            "load": result.to_json(),
+            "client_open": result.open_at(drained_at),
+        }
+        # the load still sent when the drain began (it did not run out of requests first) ...
+        assert result.sustained_until is not None and result.sustained_until > drained_at, seen
+        assert drain["in_flight_before"] >= 1, seen  # ... and the drained host had requests in flight
         assert out["details"]["failed_requests_at_front"] == 0
         servers = site.front_status()
         assert servers[serving]["state"] == "ready", servers

@@ -220,6 +220,9 @@ def test_every_run_of_a_step_keeps_its_time_and_what_it_measured(cli: Any, tmp_p
     assert all(isinstance(r["seconds"], float) and r["seconds"] >= 0 for r in runs)
     assert "bytes_copied" not in runs[0] and runs[1]["bytes_copied"] == 4096
     assert (runs[2]["move_s"], runs[2]["failed_requests"]) == (3.25, 0)
+    # a prepare that also seeded OLD's image archive (--image-from-old) copied both
+    archived = {"seed": {"bytes_copied": 4096}, "image": {"tag": "t", "bytes_copied": 884_015_616}}
+    assert record.figures("prepare", archived) == {"bytes_copied": 884_019_712}
     inventory = tmp_path / "hosts.ini"
     inventory.write_text("")
     record.save(tmp_path, rec)
@@ -392,6 +395,12 @@ def test_requests_ending_in_step_are_seen_as_the_load_dropping_to_none() -> None
     assert load.min_open(staggered, start=0.0, end=1.5) == 3  # one end at a time: never below in_flight - 1
     late = [*staggered[:4], _request(4, 1.001, None)]  # still running: open to the end
     assert load.min_open(late, start=1.05, end=5.0) == 1
+
+
+def test_the_requests_open_at_an_instant_are_those_started_and_not_yet_ended() -> None:
+    """What a loaded move's failure message reports beside the front's count at the drain."""
+    result = load.LoadResult(requests=[_request(0, 0.0, 1.0), _request(1, 0.5, 2.0), _request(2, 1.5, None)])
+    assert [result.open_at(t) for t in (0.0, 0.75, 1.0, 1.75, 9.0)] == [1, 2, 1, 2, 1]
 
 
 def test_streams_that_end_in_one_turn_of_the_client_leave_all_but_one_open() -> None:
@@ -755,3 +764,38 @@ def test_plan_refuses_an_old_host_that_serves_another_identity_than_its_gate_pas
     assert f"identity {'b' * 16}" in message and f"identity {'a' * 16}" in message
     assert "the stack changed since its gate" in message and "deploy.yml -l old" in (caught.value.hint or "")
     assert not (m.workdir / "old-verified-gate.json").exists()
+
+
+def test_plan_names_each_pin_and_lock_entry_the_site_s_lock_would_not_give_new_as_old_serves_it(
+    tmp_path: Path,
+) -> None:
+    """prepare deploys NEW with the site's lock: where it no longer holds what OLD's own lock (its
+    state layout's) holds for the profile, NEW would resolve other values than OLD serves, found
+    only at verify after the whole copy. plan names each entry and pin, both values."""
+    from specdeploy.migrate import steps
+    from specdeploy.profile import load_profile, site_lock
+    from specdeploy.profile.lock import Lock
+
+    profile = load_profile("cpu-rehearsal-container")
+    name = profile.name
+
+    def lock(file: str, **entries: str) -> Lock:
+        made = Lock(tmp_path / file)
+        for key, value in entries.items():
+            made.record(name, key, value, by="test")
+        site_lock._take_snapshot(made, profile, by="test")
+        return made
+
+    old = lock("old.lock", image_digest="sha256:" + "a" * 64, config_sha="c" * 64)
+    assert steps.lock_problems(lock("same.lock", image_digest="sha256:" + "a" * 64, config_sha="c" * 64, extra="x"),
+                               old, profile, old_name="old") == []  # fmt: skip
+    assert steps.lock_problems(old, None, profile, old_name="old") == [
+        "old has no lock in its state layout: nothing shows which pins it serves"
+    ]
+    moved = lock("moved.lock", image_digest="sha256:" + "b" * 64)
+    moved.data["pins"][name]["values"]["engine.source.version"] = "0.99.0"  # a `lock update` since OLD's deploy
+    problems = steps.lock_problems(moved, old, profile, old_name="old")
+    assert problems[0].startswith("pin engine.source.version: OLD's profile has ") and "now for '0.99.0'" in problems[0]
+    assert f"{name}/config_sha: OLD serves '{'c' * 64}', the site's lock has no entry" in problems
+    assert f"{name}/image_digest: OLD serves 'sha256:{'a' * 64}', the site's lock has 'sha256:{'b' * 64}'" in problems
+    assert len(problems) == 3

@@ -178,7 +178,11 @@ def _step(
 
 def _summary(step: str, details: dict[str, Any]) -> str:
     if step == "plan":
-        return f"{details['files']} files, {details['bytes_to_copy']} bytes to copy; downtime: none expected"
+        lacks = details.get("bytes_new_lacks", details["bytes_to_copy"])  # a record from before the field
+        return (
+            f"{details['files']} files, {details['bytes_to_copy']} bytes ({lacks} of them not on NEW yet); "
+            "downtime: none expected"
+        )
     if step == "prepare":
         seeded = details["seed"]
         copied = f"{seeded['copied']} files copied ({seeded['bytes_copied']} bytes)"

@@ -211,7 +211,14 @@ def deploy_cmd(
 
 @app.command("migrate")
 def migrate_cmd(
-    requests: Annotated[int, typer.Option(min=4, help="streaming requests sent through the front during cutover")] = 12,
+    requests: Annotated[
+        int | None,
+        typer.Option(
+            min=4,
+            help="streaming requests sent through the front during cutover at most "
+            "(default: twice the streams kept in flight)",
+        ),
+    ] = None,
     finish: Annotated[
         bool,
         typer.Option(

@@ -63,6 +63,10 @@ class LoadResult:
             return None
         return min_open(self.requests, self.full_at, self.sustained_until)
 
+    def open_at(self, when: float) -> int:
+        """How many requests were open at `when` (this machine's monotonic clock): started, not ended."""
+        return sum(1 for r in self.requests if r.started <= when and (r.ended is None or r.ended > when))
+
     @property
     def sent(self) -> int:
         return len(self.requests)

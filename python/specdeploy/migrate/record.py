@@ -59,11 +59,16 @@ RUN_FIELDS = ("step", "event", "seconds", "bytes_copied", "move_s", "failed_requ
 
 def figures(step: str, details: dict[str, Any]) -> dict[str, Any]:
     """What a run of `step` measured, kept in the history (docs/benchmarks.md reads them): the bytes
-    a prepare copied, a cutover's or rollback's duration and the requests the front saw fail."""
+    a prepare copied (the weights, and the image archive from OLD where it seeded one), a cutover's or
+    rollback's duration and the requests the front saw fail."""
     found: dict[str, Any] = {}
-    seed = details.get("seed")
-    if isinstance(seed, dict) and "bytes_copied" in seed:
-        found["bytes_copied"] = seed["bytes_copied"]
+    copied = [
+        part["bytes_copied"]
+        for part in (details.get("seed"), details.get("image"))
+        if isinstance(part, dict) and "bytes_copied" in part
+    ]
+    if copied:
+        found["bytes_copied"] = sum(copied)
     if step in ("cutover", "rollback") and "duration_s" in details:
         found["move_s"] = details["duration_s"]
         found["failed_requests"] = details.get("failed_requests_at_front")

@@ -38,7 +38,7 @@ from specdeploy.core.programs import ansible_program
 from specdeploy.gate.run import new_run_id
 from specdeploy.migrate import compare, record, seed
 from specdeploy.migrate.hosts import HostAccess, connect
-from specdeploy.profile import Profile, load_profile
+from specdeploy.profile import Profile, load_profile, site_lock
 from specdeploy.profile.lock import Lock
 from specdeploy.weights.fetch import models_of
 
@@ -212,6 +212,29 @@ def space_problem(
     )
 
 
+def lock_problems(site: Lock, old: Lock | None, profile: Profile, *, old_name: str) -> list[str]:
+    """Why the site's lock (what prepare deploys NEW with) would not give NEW what OLD serves (empty:
+    it would): OLD's own lock (`<state>/specdeploy.lock`, the site's as OLD's last deploy pushed and
+    merged it back) missing, the profile's pins moved in the site's lock since, or an entry of the
+    profile OLD's lock holds that the site's lacks or holds with another value (a `lock update`
+    since OLD's deploy included: NEW would resolve the new value, not the one OLD serves)."""
+    if old is None:
+        return [f"{old_name} has no lock in its state layout: nothing shows which pins it serves"]
+    problems = [
+        f"pin {c.pin}: OLD's profile has {c.profile!r}, the site's lock is now for {c.locked!r}"
+        for c in site_lock.changed_pins(site, profile) or []
+    ]
+    for key, entry in sorted(old.data["profiles"].get(profile.name, {}).items()):
+        mine = site.get(profile.name, key)
+        if mine is None:
+            problems.append(f"{profile.name}/{key}: OLD serves {entry['value']!r}, the site's lock has no entry")
+        elif mine["value"] != entry["value"]:
+            problems.append(
+                f"{profile.name}/{key}: OLD serves {entry['value']!r}, the site's lock has {mine['value']!r}"
+            )
+    return problems
+
+
 # deploy.yml's stages plan runs on NEW: the CLI (and the facts), then the preflight role with OLD's profile;
 # nothing that can restart an engine or take traffic
 PREFLIGHT_TAGS = "cli,preflight"
@@ -274,8 +297,21 @@ def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     atomic.write_json(m.workdir / "old-verified-gate.json", report)
     profile = load_profile(profile_path)
     rec.profile = profile.name
-    preflight = preflight_new(m, profile, profile_path.parent)
     lock = Lock(m.lock_path)
+    old_lock = run(m, m.old, ["cat", "--", old_layout.lock.as_posix()], what="reading OLD's lock", ok_codes=(0, 1))
+    held = (
+        Lock.from_bytes(old_lock.stdout.encode(), f"{old_layout.lock} (host {m.old.name})")
+        if old_lock.exited == 0
+        else None
+    )
+    if problems := lock_problems(lock, held, profile, old_name=m.old.name):
+        raise StepError(
+            f"the site's lock {m.lock_path} would not give {m.new.name} what {m.old.name} serves: "
+            f"{'; '.join(problems)}; nothing was copied",
+            hint="plan with the site's lock OLD was last deployed with (the inventory's directory), or re-deploy OLD "
+            "with the site's lock first so its gate covers those pins",
+        )
+    preflight = preflight_new(m, profile, profile_path.parent)
     revisions = revisions_served(profile, report, old_layout.models)
     items = seed.planned_files(profile, lock, old_layout.models.as_posix(), revisions)
     sizes = list(seed.iter_sizes(seed.FabricSide(m.conn(m.old), m.old.name), items))
@@ -306,6 +342,7 @@ def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
         "revisions": revisions,
         "files": len(items),
         "bytes_to_copy": sum(sizes),
+        "bytes_new_lacks": missing,  # what prepare will copy: a file NEW holds at its full size is only verified
         "models_old": old_layout.models.as_posix(),
         "models_new": new_layout.models.as_posix(),
         "front": {name: s.get("state") for name, s in servers.items()},
@@ -525,12 +562,13 @@ def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: Hos
         ("drain", away.name, ["--wait", "--timeout", str(profile.migration.drain_timeout_s)]),
         ("disable", away.name, []),
     ):
-        t = time.monotonic()
+        at, t = time.time(), time.monotonic()
         shown = front_command(m, verb, server, *extra)
         steps.append(
             {
                 "step": verb,
                 "server": server,
+                "at_unix": round(at, 3),  # when the step began: a load's own timeline can be set against it
                 "elapsed_s": round(time.monotonic() - t, 2),
                 "in_flight_before": shown.get("in_flight_before"),
             }

@@ -260,12 +260,14 @@ class Move:
 STEPS = ("plan", "prepare", "verify", "cutover")
 LOADED = frozenset({"cutover", "rollback"})  # the steps that move traffic: run under load
 LOAD_BEFORE = 3  # requests streaming through the front before a loaded step starts
-# Eight streams at a time, 350 to 448 tokens long by slot (the profile's max_model_len is 512; the
-# load's `tokens_for`). A stream is in flight at the front only while its engine decodes it, and a
-# step's own CLI takes seconds to start and reach its drain on a loaded 2-core VM (~6 s measured):
-# at four sharing the engine (~6 s each) a cutover's drain once found OLD's first streams decoded and
-# their successors not yet sent, none in flight; eight share it at half the speed each (~12 s).
-LOAD_IN_FLIGHT, LOAD_TOKENS = 8, 448
+# Sixteen streams at a time, 343 to 448 tokens long by slot (the profile's max_model_len is 512; the
+# load's `tokens_for`). A stream is in flight at the front only while its engine decodes it (HAProxy
+# buffers the rest for a client that reads late), and a step's own CLI takes seconds to start and
+# reach its drain on a loaded 2-core VM (~6 s measured): at four sharing the engine (~6 s each) a
+# cutover's drain once found OLD's first streams decoded and their successors not yet sent, none in
+# flight; at eight (~12 s each) a third move did once more. Sixteen share it at about half the speed
+# each again, so a drain meets streams that are still decoding.
+LOAD_IN_FLIGHT, LOAD_TOKENS = 16, 448
 
 
 def load_spec(profile: Profile, *, api_key: str, ca_file: Path, total: int) -> LoadSpec:
@@ -310,12 +312,13 @@ def moved(rows: list[dict[str, Any]]) -> bool:
     )
 
 
-def main_job_move(*, requests: int = 12, finish: bool = False) -> list[dict[str, Any]]:
+def main_job_move(*, requests: int | None = None, finish: bool = False) -> list[dict[str, Any]]:
     """README "Move to a new host": the main job's deployment (OLD, deployed by the main job first)
     moved to a new host through the front, as a site would: NEW and FRONT booted (or reused), the
     front deployed and OLD re-deployed behind it (publishing on its internal address), then
     `specdeploy migrate plan`, `prepare`, `verify` and `cutover` — the last under a bounded streaming
-    load through the front. Each command is printed before it runs; returns one row per step."""
+    load through the front (`requests` at most; by default twice the streams it keeps in flight). Each
+    command is printed before it runs; returns one row per step."""
     from specdeploy.migrate import record
     from specdeploy.profile import load_profile
     from specdeploy.rehearsal import deploy, hub, registry
@@ -355,7 +358,9 @@ def main_job_move(*, requests: int = 12, finish: bool = False) -> list[dict[str,
         if move.play(limit, profile=deploy.PROFILE, profiles=profiles, capture=False).returncode != 0:
             raise SpecdeployError(f"deploy.yml -l {limit} failed: nothing was moved", hint="see its output above")
     profile = load_profile(profiles / f"{deploy.PROFILE}.yaml")
-    spec = load_spec(profile, api_key=vault.values()["engine_api_key"], ca_file=cert, total=requests)
+    spec = load_spec(
+        profile, api_key=vault.values()["engine_api_key"], ca_file=cert, total=requests or 2 * LOAD_IN_FLIGHT
+    )
     rows = run_steps(move, STEPS, spec)
     if finish and moved(rows):
         print(f"$ {' '.join(move.command_line('finish', '--stop-old')[1:])}  (after the soak)", file=sys.stderr)
