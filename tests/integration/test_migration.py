@@ -66,7 +66,8 @@ pytestmark = [
 OLD_IP = container_rig.HOST_IP
 NEW_NAME = migration.NEW_NAME
 # a loaded move sends at most LOAD_REQUESTS, stops when the step ends, and must have sent LOAD_MIN_SENT
-LOAD_REQUESTS, LOAD_MIN_SENT = 96, migration.LOAD_IN_FLIGHT + 4  # more than the first wave
+LOAD_REQUESTS, LOAD_MIN_SENT = migration.LOAD_MAX_REQUESTS, migration.LOAD_IN_FLIGHT + 4  # more than the first wave
+ROLLING_MIN_SENT = 48  # a rolling deploy of two hosts takes minutes: hundreds of streams go through the front
 OTHER_IMAGE = "localhost/specdeploy-test/vllm-other:0.31"
 TAG = image_tag(load_profile(PROFILE))  # the engine image's name the profile gives it on every host
 
@@ -343,7 +344,7 @@ def test_a_rolling_deploy_of_both_hosts_through_the_front_fails_no_request(site:
     assert run.returncode == 0, run.stdout[-5000:]
     after = invocations()
     assert all(before) and all(a != b for a, b in zip(before, after, strict=True)), (before, after)  # both restarted
-    assert result.failed == 0 and result.sent >= LOAD_REQUESTS, result.to_json()
+    assert result.failed == 0 and result.sent >= ROLLING_MIN_SENT, result.to_json()
     assert (result.min_in_flight_while_running or 0) >= 2
     servers = site.front_status()
     assert servers[site.old.name]["state"] == servers[site.new.name]["state"] == "ready", servers

@@ -216,7 +216,7 @@ def migrate_cmd(
         typer.Option(
             min=4,
             help="streaming requests sent through the front during cutover at most "
-            "(default: twice the streams kept in flight)",
+            "(default: 2000; the load stops when cutover ends)",
         ),
     ] = None,
     finish: Annotated[

@@ -262,12 +262,15 @@ LOADED = frozenset({"cutover", "rollback"})  # the steps that move traffic: run 
 LOAD_BEFORE = 3  # requests streaming through the front before a loaded step starts
 # Sixteen streams at a time, 343 to 448 tokens long by slot (the profile's max_model_len is 512; the
 # load's `tokens_for`). A stream is in flight at the front only while its engine decodes it (HAProxy
-# buffers the rest for a client that reads late), and a step's own CLI takes seconds to start and
-# reach its drain on a loaded 2-core VM (~6 s measured): at four sharing the engine (~6 s each) a
-# cutover's drain once found OLD's first streams decoded and their successors not yet sent, none in
-# flight; at eight (~12 s each) a third move did once more. Sixteen share it at about half the speed
-# each again, so a drain meets streams that are still decoding.
+# buffers the rest for a client that reads late): 3-5 s each when the engines have the machine to
+# themselves, ~12 s on a busy one. With leastconn, a drain right after NEW came in meets about half
+# of them still on the host it drains — as long as the load is still sending.
 LOAD_IN_FLIGHT, LOAD_TOKENS = 16, 448
+# A loaded step's load stops sending when the step ends; this only bounds it. A step's own CLI took
+# ~35 s to reach its drain on a loaded VM (its SSH sessions and CLI starts on the controller and the
+# front): a load of 48, later 96 requests had all been sent and answered by then, and the drain found
+# nothing in flight (the chain's assertion names that case on its own).
+LOAD_MAX_REQUESTS = 2000
 
 
 def load_spec(profile: Profile, *, api_key: str, ca_file: Path, total: int) -> LoadSpec:
@@ -317,7 +320,7 @@ def main_job_move(*, requests: int | None = None, finish: bool = False) -> list[
     moved to a new host through the front, as a site would: NEW and FRONT booted (or reused), the
     front deployed and OLD re-deployed behind it (publishing on its internal address), then
     `specdeploy migrate plan`, `prepare`, `verify` and `cutover` — the last under a bounded streaming
-    load through the front (`requests` at most; by default twice the streams it keeps in flight). Each
+    load through the front (`requests` at most, by default LOAD_MAX_REQUESTS: it stops when the step ends). Each
     command is printed before it runs; returns one row per step."""
     from specdeploy.migrate import record
     from specdeploy.profile import load_profile
