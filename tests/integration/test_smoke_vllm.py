@@ -118,9 +118,12 @@ def test_other_traffic_is_reported(stack: Stack, monkeypatch: pytest.MonkeyPatch
     assert f"{seen} other request(s) seen on the server" in acc.summary
 
 
-def test_the_idle_wait_counts_a_real_stream_by_vllm_s_own_gauges_and_returns_once_it_ended(stack: Stack) -> None:
+def test_the_idle_wait_counts_real_streams_by_vllm_s_own_gauges_and_returns_once_they_ended(stack: Stack) -> None:
     """What decommission.yml waits on before it stops an engine for good (smoke.idle): real vLLM's
-    `vllm:num_requests_running` counts a stream in flight, and the wait returns once it ended."""
+    `vllm:num_requests_running` / `waiting` count streams in flight, and the wait returns once they
+    ended. STREAMS at once, so the engine is still busy when the wait starts: one 400-token stream
+    alone decodes in under a second on an idle machine, and a wait that started after it ended
+    (it did, in a suite run) counts nothing."""
     import threading
 
     from specdeploy.smoke import idle
@@ -128,21 +131,25 @@ def test_the_idle_wait_counts_a_real_stream_by_vllm_s_own_gauges_and_returns_onc
     engine = stack("healthy")
     body = {"model": "tiny-qwen3", "prompt": "Count:", "max_tokens": 400, "temperature": 0, "ignore_eos": True,
             "stream": True}  # fmt: skip
-    streaming, ended = threading.Event(), threading.Event()
+    streaming, ended = threading.Event(), threading.Semaphore(0)
 
     def stream() -> None:
         with httpx.stream("POST", f"{engine.url}/v1/completions", json=body, timeout=300) as response:
             for line in response.iter_lines():
                 if line.startswith("data: {"):
                     streaming.set()
-        ended.set()
+        ended.release()
 
-    threading.Thread(target=stream, daemon=True).start()
+    for _ in range(STREAMS):
+        threading.Thread(target=stream, daemon=True).start()
     assert streaming.wait(120)
     result = idle.wait_idle(engine.url, "vllm", 300, poll_s=0.2)
-    assert result.in_flight_at_start == 1 and result.idle and result.waited_s > 0, result.to_json()
-    assert ended.wait(30)  # and the stream itself ended (its last events read)
+    assert (result.in_flight_at_start or 0) >= 1 and result.idle and result.waited_s > 0, result.to_json()
+    assert all(ended.acquire(timeout=60) for _ in range(STREAMS))  # and the streams themselves ended
     assert idle.in_flight(engine.url, "vllm") == 0
+
+
+STREAMS = 24
 
 
 def test_version_mismatch_names_both_versions(stack: Stack) -> None:

@@ -336,6 +336,7 @@ def test_the_front_commands_show_and_change_server_states_through_the_runtime_ap
     data = json.loads(drained.output)
     assert data["state"] == "drain" and data["waited_s"] is not None
     assert {s["name"]: s["state"] for s in data["servers"]}["a"] == "drain"
+    assert data["in_flight_before"] == 0 and data["sessions_before"] == {"a": 0, "b": 0}  # each server's, idle
     out = cli("front", "disable", "b", "--socket", front.socket)
     assert out.exit_code == 0 and "front disable: b is now maint" in out.output and "MAINT" in out.output
     back = cli("front", "enable", "b", "--socket", front.socket, "--wait", "--timeout", "10")

@@ -197,12 +197,13 @@ def _set(verb: str, state: str, server: str, socket_path: Path | None, hook: Pat
 
     target = _balancer(socket_path, hook, timeout)
     waited = None
-    in_flight = None
+    in_flight = before = None
     if isinstance(target, balancers.HookBalancer):  # the hook's own contract: drain returns once drained
         {"ready": target.add, "drain": target.drain, "maint": target.remove}[state](server)
         source = f"hook {hook}"
     else:
         in_flight = target.sessions(server)  # what the change catches in flight (a drain lets them finish)
+        before = {s.name: s.sessions for s in target.status()}  # every server's, where the requests were
         target.set_state(server, state)
         source = f"HAProxy {target.socket_path}"
         if wait and state == "ready":
@@ -213,7 +214,7 @@ def _set(verb: str, state: str, server: str, socket_path: Path | None, hook: Pat
             )
     servers = [s.to_json() for s in target.status()]
     data = {"server": server, "state": state, "waited_s": round(waited, 2) if waited is not None else None,
-            "in_flight_before": in_flight, "source": source, "servers": servers}  # fmt: skip
+            "in_flight_before": in_flight, "sessions_before": before, "source": source, "servers": servers}  # fmt: skip
 
     def show() -> None:
         print_servers(servers, source)

@@ -571,6 +571,7 @@ def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: Hos
                 "at_unix": round(at, 3),  # when the step began: a load's own timeline can be set against it
                 "elapsed_s": round(time.monotonic() - t, 2),
                 "in_flight_before": shown.get("in_flight_before"),
+                "sessions_before": shown.get("sessions_before"),  # each server's, just before the change
             }
         )
     rec.traffic_on = "new" if to is m.new else "old"
