@@ -216,7 +216,7 @@ def migrate_cmd(
         typer.Option(
             min=4,
             help="streaming requests sent through the front during cutover at most "
-            "(default: 2000; the load stops when cutover ends)",
+            "(default: as many as the cutover lasts for, bounded by rehearsal.migration.LOAD_MAX_REQUESTS)",
         ),
     ] = None,
     finish: Annotated[
