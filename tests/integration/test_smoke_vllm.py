@@ -118,6 +118,9 @@ def test_other_traffic_is_reported(stack: Stack, monkeypatch: pytest.MonkeyPatch
     assert f"{seen} other request(s) seen on the server" in acc.summary
 
 
+STREAMS = 24  # streams the idle-wait test opens at once
+
+
 def test_the_idle_wait_counts_real_streams_by_vllm_s_own_gauges_and_returns_once_they_ended(stack: Stack) -> None:
     """What decommission.yml waits on before it stops an engine for good (smoke.idle): real vLLM's
     `vllm:num_requests_running` / `waiting` count streams in flight, and the wait returns once they
@@ -147,9 +150,6 @@ def test_the_idle_wait_counts_real_streams_by_vllm_s_own_gauges_and_returns_once
     assert (result.in_flight_at_start or 0) >= 1 and result.idle and result.waited_s > 0, result.to_json()
     assert all(ended.acquire(timeout=60) for _ in range(STREAMS))  # and the streams themselves ended
     assert idle.in_flight(engine.url, "vllm") == 0
-
-
-STREAMS = 24
 
 
 def test_version_mismatch_names_both_versions(stack: Stack) -> None:

@@ -362,7 +362,7 @@ def main_job_move(*, requests: int | None = None, finish: bool = False) -> list[
             raise SpecdeployError(f"deploy.yml -l {limit} failed: nothing was moved", hint="see its output above")
     profile = load_profile(profiles / f"{deploy.PROFILE}.yaml")
     spec = load_spec(
-        profile, api_key=vault.values()["engine_api_key"], ca_file=cert, total=requests or 2 * LOAD_IN_FLIGHT
+        profile, api_key=vault.values()["engine_api_key"], ca_file=cert, total=requests or LOAD_MAX_REQUESTS
     )
     rows = run_steps(move, STEPS, spec)
     if finish and moved(rows):
