@@ -6,7 +6,7 @@ of each degenerate half flagged (tuning, held-out) and of the healthy texts flag
 and the CPU time to judge 4 KB texts (each healthy text repeated to 4096 bytes: median and
 worst, after a warm-up that loads the word lists). Only rates and counts are printed, never
 which held-out lines are missed (the protocol in tests/data/coherence/README.md); the held-out
-half is round 4's (degenerate-heldout-4.jsonl), rounds 1 to 3's held-out halves are tuning data
+half is round 5's (degenerate-heldout-5.jsonl), rounds 1 to 4's held-out halves are tuning data
 since the round after theirs. Results go in docs/benchmarks.md. Not a test: nothing asserts a time.
 
     python benchmarks/coherence_rates.py [--detectors FILE ...] [--no-heldout] [--json out.json]
@@ -55,8 +55,8 @@ def measure(module: ModuleType, heldout: bool) -> dict[str, object]:
     # stdlib code is "code" in healthy_corpus; real code answers are "code:LANG"
     kinds = Counter("stdlib code" if k == "code" else _kind(k) for k, _ in healthy)
     flagged = Counter("stdlib code" if k == "code" else _kind(k) for k, t in healthy if module.detect(t))
-    # rounds 1 to 3's halves (each held-out half, measured once, is tuning data since the next
-    # round), round 4's tuning half, and round 4's held-out half (left out with --no-heldout)
+    # rounds 1 to 4's halves (each held-out half, measured once, is tuning data since the next
+    # round), round 5's tuning half, and round 5's held-out half (left out with --no-heldout)
     halves = TUNING + ((HELDOUT,) if heldout else ())
     rates = {}
     for half in halves:
@@ -86,7 +86,7 @@ def measure(module: ModuleType, heldout: bool) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--detectors", type=Path, action="append", help="a coherence.py to measure (repeatable)")
-    parser.add_argument("--no-heldout", action="store_true", help="leave round 4's held-out half out")
+    parser.add_argument("--no-heldout", action="store_true", help="leave round 5's held-out half out")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     results = {}

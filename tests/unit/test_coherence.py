@@ -14,10 +14,10 @@ import pytest
 from tests.support.coherence_corpus import (
     COHERENCE,
     HALVES,
-    HELDOUT,
     HELDOUT2_SHA256,
     HELDOUT3_SHA256,
     HELDOUT4_SHA256,
+    HELDOUT5_SHA256,
     HELDOUT_SHA256,
     degenerate,
     healthy_texts,
@@ -132,6 +132,7 @@ def _rate(rows: list[dict[str, str]]) -> float:
         ("heldout-2", HELDOUT2_SHA256),
         ("heldout-3", HELDOUT3_SHA256),
         ("heldout-4", HELDOUT4_SHA256),
+        ("heldout-5", HELDOUT5_SHA256),
     ],
 )
 def test_each_held_out_half_is_the_file_committed_before_its_rounds_detector_changes(name: str, sha256: str) -> None:
@@ -142,6 +143,7 @@ def test_each_held_out_half_is_the_file_committed_before_its_rounds_detector_cha
 def test_the_degenerate_corpus_has_cited_outputs_in_every_class_split_in_halves_per_round() -> None:
     halves = {half: degenerate(half) for half in HALVES}
     rounds = (("heldout", "tuning"), ("heldout-2", "tuning-2"), ("heldout-3", "tuning-3"), ("heldout-4", "tuning-4"))
+    rounds += (("heldout-5", "tuning-5"),)
     for heldout, tuning in rounds:
         assert len(halves[heldout]) + len(halves[tuning]) >= 60
         assert abs(len(halves[heldout]) - len(halves[tuning])) <= 1
@@ -161,29 +163,11 @@ def test_the_degenerate_corpus_has_cited_outputs_in_every_class_split_in_halves_
         assert set(row) <= {"text", "source", "engine", "class", "note"}, row
 
 
-# Round 1's held-out half was measured once (674b005): 29 of 40; round 2's once at the end of round
-# 2: 26 of 31 (83.9%); round 3's once at the end of round 3 (600f707): 24 of 32 (75.0%). Each is
-# tuning data since the round after its own (its misses may be read). Round 4's held-out half
-# (8659a63) was measured once, at the end of round 4's tuning (22162fe), with the detectors from
-# before round 4 and after it in one run: 25 of 32 both (78.1%, docs/benchmarks.md). Issue 22's
-# target is 85%; it is not reached, and round 4's held-out misses were never looked at (protocol,
-# tests/data/coherence/README.md).
-HELDOUT4_MEASURED = 25 / 32
-
-
-def test_round_4s_held_out_half_is_flagged_at_least_at_the_rate_measured_once() -> None:
-    rate = _rate(degenerate(HELDOUT))  # the rate only: the misses are not looked at (protocol)
-    assert rate >= HELDOUT4_MEASURED, f"held-out rate {rate:.1%}"
-
-
-@pytest.mark.xfail(strict=True, reason="issue 22's target, not reached: 78.1% measured once (docs/benchmarks.md)")
-def test_round_4s_held_out_half_is_flagged_at_85_percent_or_more() -> None:
-    rate = _rate(degenerate(HELDOUT))
-    assert rate >= 0.85, f"held-out rate {rate:.1%}"
+# ROUND5-HELDOUT-TESTS (added after the tuning, with the figure measured once)
 
 
 def test_the_tuning_data_is_flagged_at_85_percent_or_more() -> None:
-    rows = tuning_data()  # rounds 1 to 3's six halves and round 4's tuning half
+    rows = tuning_data()  # rounds 1 to 4's eight halves and round 5's tuning half
     missed = [(row["class"], row["text"][:60]) for row in rows if not coherence.detect(row["text"])]
     assert _rate(rows) >= 0.85, missed
 
@@ -303,6 +287,21 @@ VOCABULARY = [
             "broken-spacing",
         ),
         ("It was all the days in the world-Europae4Ugqpg0oIuPzDK, to say nothing.", "broken-spacing"),
+        # round 5 (general signals chosen on rounds 1 to 4 before round 5's outputs were read)
+        ("The neighbour mo比亚 said det2间为准 to the branch, convention禁 aside.", "script-mixing"),
+        ("The request of to the service, and description of to and get-request to to.", "broken-grammar"),
+        ("The the of a the report", "broken-grammar"),
+        (
+            "Notes.\n"
+            + "I have added a new section in the readme with the capabilities of this project and its examples. "
+            "Please review it.\n" * 2,
+            "repeated-lines",
+        ),
+        (
+            "# am. In this. assistant In. 3. On. # #. Open this assistant. #.\nNo. The assistant has no. Open it.",
+            "fragments",
+        ),
+        ("(Statement).\n(Safe leaf).\n(Done).\n(Action).\n(Tool).\n(Replace).\n(Read).\n(Write).", "fragments"),
     ],
 )
 def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> None:
@@ -341,6 +340,15 @@ def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> Non
         "Call `test_user_can_log_in_with_valid_password_and_remember_me_checked_twice()` to check it.",
         "def test_user_can_log_in_with_valid_password_and_remember_me_checked_twice():\n    assert login()",
         "I love it ❤️❤️❤️ and so does she 👍🏽👍🏽.",
+        # round 5
+        "In Chinese, “中文” means the Chinese language, and “Python的” means Python's.",
+        "使用Python的requests库和Flask框架，可以很快写出一个API服务。",
+        "It works with or without a GPU; votes for and against were counted, to the end of the day.",
+        "Yes. It works on my machine. Run the tests first, then deploy to staging. Done? Check the logs "
+        "and the metrics after the deploy. Good. Then tell the team what changed and why. Thanks for asking.",
+        "Header line\n"
+        + "- item\n" * 2
+        + "A long explanation that is said once and only once, as healthy text does it.",
     ],
 )
 def test_new_detectors_stay_quiet_on_normal_multilingual_text(text: str) -> None:

@@ -228,6 +228,10 @@ def _repeated_lines(text: str) -> Finding | None:
     lines = [line.strip() for line in prose.split("\n") if line.strip()]
     if len(lines) >= 3 and len(set(lines)) == 1:  # the whole answer is one line said again and again
         return Finding("repeated-lines", f"the only line, {len(lines)}x: {lines[0][:60]!r}")
+    # a long line said twice in a row: 80+ letters (healthy catalogs repeat a 67-letter line)
+    for line, after in zip(lines, lines[1:], strict=False):
+        if line == after and sum(ch.isalpha() for ch in line) >= 80:
+            return Finding("repeated-lines", f"the same {len(line)}-character line twice in a row: {line[:60]!r}")
     # a paragraph said twice, however it is indented (a reasoning loop's long turns)
     paragraphs = Counter(
         " ".join(line.strip() for line in block.split("\n")).strip() for block in _BLANK_LINE_RE.split(prose)
@@ -306,6 +310,8 @@ def _script_findings(text: str) -> list[Finding]:
                 mixed += [tok] * n
     if mixed and (len(mixed) >= 5 or (len(mixed) >= 2 and len(mixed) >= 0.08 * words)):
         findings.append(Finding("script-mixing", f"{len(mixed)} of {words} words mix writing systems: {mixed[:5]}"))
+    elif glued := _glued_to_latin(prose, counts, letters):
+        findings.append(glued)
 
     many = sorted(s for s, n in counts.items() if n >= 2)
     if len(many) >= 4:
@@ -313,6 +319,22 @@ def _script_findings(text: str) -> list[Finding]:
     elif stray := _stray_script(prose, counts, letters):
         findings.append(stray)
     return findings
+
+
+def _glued_to_latin(prose: str, counts: Counter[str], letters: int) -> Finding | None:
+    """Han, kana or Hangul glued inside words of a text written in Latin letters ("mo比亚",
+    "convention禁", "e基本信息B"). Chinese, Japanese and Korean glue Latin terms to their own
+    words ("使用Python", "libpam을"), but then their letters are a third or more of the text's
+    (healthy answers and catalogs in those languages with many Latin terms: 0.47 at least);
+    in English, two such words are token salad (healthy texts: none)."""
+    if counts.most_common(1)[0][0] != "LATIN" or sum(counts[s] for s in _ATTACHES_TO_LATIN) > letters / 3:
+        return None
+    glued = [
+        tok for tok in _tokens(prose) if "LATIN" in (found := set(_letter_scripts(tok))) and found & {"CJK", "HANGUL"}
+    ]
+    if len(glued) >= 2:
+        return Finding("script-mixing", f"{len(glued)} words glue Han, kana or Hangul to Latin letters: {glued[:5]}")
+    return None
 
 
 def _stray_script(prose: str, counts: Counter[str], letters: int) -> Finding | None:
@@ -379,27 +401,60 @@ def _word_salad(text: str) -> Finding | None:
     """Words without grammar. A long line in a spaced script where almost none is a function
     word: every language spends a third to a half of its running words on its 100 most
     common ones, a sample of vocabulary entries does not (lines of code, lists and UI strings
-    are short, so only lines of 40+ words are judged). Or a handful of words shuffled: fewer
-    than 30 different words in 100 running ones, without a loop (healthy prose and message
-    catalogs keep 36+)."""
+    are short, so lines of 40+ words are judged at under 12%, lines of 12+ at under 5%). Or a
+    handful of words shuffled: fewer than 30 different words in 100 running ones, without a
+    loop (healthy prose and message catalogs keep 36+)."""
     prose = _MARKUP_RE.sub(" ", _code_free(text))
     everything: list[str] = []
     for line in prose.split("\n"):
         words = _prose_words(line)
         everything += words
-        if len(words) < 40:
+        if len(words) < 12:
             continue
         scripts = Counter(_script(w[0]) for w in words)
         script, n = scripts.most_common(1)[0]
         if script not in _SPACED_LANGS or n < 0.8 * len(words):
             continue
         share = _function_word_share([w for w in words if _script(w[0]) == script], script)
-        if share < 0.12:
+        # 40+ words under 12%; or 12+ words with hardly one (healthy lines of 12-39 words: 6%+)
+        if share < 0.12 and (len(words) >= 40 or share < 0.05):
             return Finding("word-salad", f"{len(words)} words with {share:.0%} function words (natural text: 30-50%)")
     for start in range(0, len(everything) - 99, 25):
         distinct = len(set(everything[start : start + 100]))
         if distinct < 30:
             return Finding("word-salad", f"{distinct} different words in 100 running ones (natural text: 40+)")
+    return None
+
+
+# English function words by class, and pairs of them no English clause puts side by side:
+# a determiner before a determiner or a preposition ("the a", "the of"), and prepositions or
+# conjunctions doubled or crossed ("to to", "of to", "and and"). Healthy English (READMEs,
+# code comments, answers) has at most two such pairs, from typos or stripped code ("a `x` to").
+_DETERMINERS = frozenset({"the", "a", "an", "these", "those", "my", "your", "its", "our", "their", "every"})
+_PREPOSITIONS = frozenset({"of", "in", "on", "at", "by", "for", "with", "from", "into", "about", "to"})
+_NEVER_ADJACENT = frozenset(
+    {(p, p) for p in ("to", "of", "in", "on", "at", "by", "for", "with", "from", "and", "or")}
+    | {(a, b) for a in ("of", "to") for b in ("to", "of")}
+    | {(a, "of") for a in ("in", "on", "at", "by", "for", "with")}
+    | {("of", b) for b in ("in", "on", "at", "for", "with", "from")}
+)
+_CLAUSE_BREAK_RE = re.compile(r"[^\w\s'’-]+|\n")
+_ENGLISH_WORD_RE = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
+
+
+def _broken_grammar(text: str) -> Finding | None:
+    """Function words in an order no English sentence has ("description of to and get-request
+    to to"): fluent-looking salad keeps the common words but not their order. Three such pairs
+    in one answer; code, markup and punctuation break the pairs."""
+    prose = _MARKUP_RE.sub("\n", _INLINE_CODE_RE.sub("\n", _FENCE_RE.sub("\n", text)))
+    pairs: list[str] = []
+    for clause in _CLAUSE_BREAK_RE.split(prose):
+        words = [word.lower() for word in _ENGLISH_WORD_RE.findall(clause)]
+        for a, b in zip(words, words[1:], strict=False):
+            if (a in _DETERMINERS and (b in _DETERMINERS or b in _PREPOSITIONS)) or (a, b) in _NEVER_ADJACENT:
+                pairs.append(f"{a} {b}")
+    if len(pairs) >= 3:
+        return Finding("broken-grammar", f"{len(pairs)} function-word pairs no English sentence has: {pairs[:5]}")
     return None
 
 
@@ -421,6 +476,27 @@ def _fragments(text: str) -> Finding | None:
         return Finding("fragments", f"{tiny} of {len(lines)} lines hold 3 characters or fewer")
     if unclosed >= 10 and unclosed >= 0.3 * len(lines):
         return Finding("fragments", f"{unclosed} of {len(lines)} lines open a quotation and never close it")
+    return _clipped_sentences(text)
+
+
+_LIST_MARKER_RE = re.compile(r"^[ \t]*(?:\d+[.)]|[-*+#]+)[ \t]+", re.M)
+_SENTENCE_OR_LINE_RE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def _clipped_sentences(text: str) -> Finding | None:
+    """Sentences cut to a word or two ("In this. assistant In. 3. On.", "(Done).\n(Action)."):
+    in a text written in Latin letters, three in five of 8+ sentences (list markers left out) end after
+    two words or fewer; healthy READMEs, code and answers: under a third."""
+    prose = _MARKUP_RE.sub(" ", _code_free(text))
+    counts = _script_counts(prose)
+    if not counts or counts.most_common(1)[0][0] != "LATIN":
+        return None
+    sentences = [part.strip() for part in _SENTENCE_OR_LINE_RE.split(_LIST_MARKER_RE.sub("", prose)) if part.strip()]
+    if len(sentences) < 8:
+        return None
+    clipped = [s for s in sentences if s[-1] in ".!?" and len(re.findall(r"[^\W\d_]+", s)) <= 2]
+    if len(clipped) >= 0.6 * len(sentences):
+        return Finding("fragments", f"{len(clipped)} of {len(sentences)} sentences end after two words or fewer")
     return None
 
 
@@ -658,7 +734,17 @@ def detect(text: str) -> list[Finding]:
             findings.append(Finding("compression-ratio", f"zlib ratio {ratio:.1f} > {limit:.1f} for {n_bytes} bytes"))
 
     findings += _script_findings(text)
-    for check in (_word_salad, _fragments, _stutter, _spacing, _punctuation_salad, _doubled_marks, _mojibake):
+    checks = (
+        _word_salad,
+        _broken_grammar,
+        _fragments,
+        _stutter,
+        _spacing,
+        _punctuation_salad,
+        _doubled_marks,
+        _mojibake,
+    )
+    for check in checks:
         if found := check(text):
             findings.append(found)
     return findings
