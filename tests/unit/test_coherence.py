@@ -14,6 +14,7 @@ import pytest
 from tests.support.coherence_corpus import (
     COHERENCE,
     HALVES,
+    HELDOUT,
     HELDOUT2_SHA256,
     HELDOUT3_SHA256,
     HELDOUT4_SHA256,
@@ -163,7 +164,25 @@ def test_the_degenerate_corpus_has_cited_outputs_in_every_class_split_in_halves_
         assert set(row) <= {"text", "source", "engine", "class", "note"}, row
 
 
-# ROUND5-HELDOUT-TESTS (added after the tuning, with the figure measured once)
+# Round 1's held-out half was measured once (674b005): 29 of 40; round 2's once at the end of round
+# 2: 26 of 31 (83.9%); round 3's once at the end of round 3 (600f707): 24 of 32 (75.0%); round 4's
+# once at the end of round 4 (22162fe): 25 of 32 (78.1%). Each is tuning data since the round after
+# its own (its misses may be read). Round 5's held-out half (cb77ffd) was measured once, at the end
+# of round 5's tuning (26d7912), with the detectors from before round 5 and after it in one run: 24
+# of 36 both (66.7%, docs/benchmarks.md). Issue 22's target is 85%; it is not reached, and round
+# 5's held-out misses were never looked at (protocol, tests/data/coherence/README.md).
+HELDOUT5_MEASURED = 24 / 36
+
+
+def test_round_5s_held_out_half_is_flagged_at_least_at_the_rate_measured_once() -> None:
+    rate = _rate(degenerate(HELDOUT))  # the rate only: the misses are not looked at (protocol)
+    assert rate >= HELDOUT5_MEASURED, f"held-out rate {rate:.1%}"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 22's target, not reached: 66.7% measured once (docs/benchmarks.md)")
+def test_round_5s_held_out_half_is_flagged_at_85_percent_or_more() -> None:
+    rate = _rate(degenerate(HELDOUT))
+    assert rate >= 0.85, f"held-out rate {rate:.1%}"
 
 
 def test_the_tuning_data_is_flagged_at_85_percent_or_more() -> None:
