@@ -309,7 +309,7 @@ VOCABULARY = [
         # round 5 (general signals chosen on rounds 1 to 4 before round 5's outputs were read)
         ("The neighbour mo比亚 said det2间为准 to the branch, convention禁 aside.", "script-mixing"),
         ("The request of to the service, and description of to and get-request to to.", "broken-grammar"),
-        ("The the of a the report", "broken-grammar"),
+        ("The the of an the report", "broken-grammar"),
         (
             "Notes.\n"
             + "I have added a new section in the readme with the capabilities of this project and its examples. "
@@ -363,6 +363,11 @@ def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> Non
         "In Chinese, “中文” means the Chinese language, and “Python的” means Python's.",
         "使用Python的requests库和Flask框架，可以很快写出一个API服务。",
         "It works with or without a GPU; votes for and against were counted, to the end of the day.",
+        "Swap a and b: assign a to temp, then b to a, and copy a to c when a in d is set.",  # a variable
+        "We run these in production and those in staging: the in-place sort of in-memory lists.",
+        "Keywords: machine learning, deep learning, neural networks, computer vision, natural language "
+        "processing, reinforcement learning, robotics",
+        "You need:\n- Flour.\n- Sugar.\n- Eggs.\n- Milk.\n- Butter.\n- Salt.\n1. Mix.\n2. Bake.\nEnjoy.",
         "Yes. It works on my machine. Run the tests first, then deploy to staging. Done? Check the logs "
         "and the metrics after the deploy. Good. Then tell the team what changed and why. Thanks for asking.",
         "Header line\n"

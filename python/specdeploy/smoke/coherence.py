@@ -422,8 +422,10 @@ def _word_salad(text: str) -> Finding | None:
         if script not in _SPACED_LANGS or n < 0.8 * len(words):
             continue
         share = _function_word_share([w for w in words if _script(w[0]) == script], script)
-        # 40+ words under 12%; or 12+ words with hardly one (healthy lines of 12-39 words: 6%+)
-        if share < 0.12 and (len(words) >= 40 or share < 0.05):
+        # 40+ words under 12%; or 12+ words with hardly one (healthy lines of 12-39 words: 6%+),
+        # unless separators make the line a list of terms ("Skills: Python, Java, machine learning")
+        listed = sum(line.count(mark) for mark in ",;|/·、") >= len(words) / 4
+        if share < 0.12 and (len(words) >= 40 or (share < 0.05 and not listed)):
             return Finding("word-salad", f"{len(words)} words with {share:.0%} function words (natural text: 30-50%)")
     for start in range(0, len(everything) - 99, 25):
         distinct = len(set(everything[start : start + 100]))
@@ -433,10 +435,12 @@ def _word_salad(text: str) -> Finding | None:
 
 
 # English function words by class, and pairs of them no English clause puts side by side:
-# a determiner before a determiner or a preposition ("the a", "the of"), and prepositions or
+# a determiner before a determiner or a preposition ("the an", "the of"), and prepositions or
 # conjunctions doubled or crossed ("to to", "of to", "and and"). Healthy English (READMEs,
-# code comments, answers) has at most two such pairs, from typos or stripped code ("a `x` to").
-_DETERMINERS = frozenset({"the", "a", "an", "these", "those", "my", "your", "its", "our", "their", "every"})
+# code comments, answers) has at most two such pairs, from typos or stripped code ("the `x` to").
+# Only words that are nothing but determiners: "a" is also a variable ("map a to b"), "these"
+# and "those" are also pronouns ("those in the room"); hyphenated words are one word ("in-place").
+_DETERMINERS = frozenset({"the", "an", "my", "your", "its", "our", "their", "every"})
 _PREPOSITIONS = frozenset({"of", "in", "on", "at", "by", "for", "with", "from", "into", "about", "to"})
 _NEVER_ADJACENT = frozenset(
     {(p, p) for p in ("to", "of", "in", "on", "at", "by", "for", "with", "from", "and", "or")}
@@ -445,7 +449,7 @@ _NEVER_ADJACENT = frozenset(
     | {("of", b) for b in ("in", "on", "at", "for", "with", "from")}
 )
 _CLAUSE_BREAK_RE = re.compile(r"[^\w\s'’-]+|\n")
-_ENGLISH_WORD_RE = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
+_ENGLISH_WORD_RE = re.compile(r"[A-Za-z]+(?:[-'][A-Za-z]+)*")
 
 
 def _broken_grammar(text: str) -> Finding | None:
@@ -485,19 +489,23 @@ def _fragments(text: str) -> Finding | None:
     return _clipped_sentences(text)
 
 
-_LIST_MARKER_RE = re.compile(r"^[ \t]*(?:\d+[.)]|[-*+#]+)[ \t]+", re.M)
+# List items are left out (a list of short items is no clipped text: "- Flour.\n- Sugar."); a
+# heading's "#" is dropped, its words kept.
+_LIST_ITEM_RE = re.compile(r"^[ \t]*(?:\d+[.)]|[-*+])[ \t]+.*$", re.M)
+_HEADING_MARK_RE = re.compile(r"^[ \t]*#+[ \t]+", re.M)
 _SENTENCE_OR_LINE_RE = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
 def _clipped_sentences(text: str) -> Finding | None:
     """Sentences cut to a word or two ("In this. assistant In. 3. On.", "(Done).\n(Action)."):
-    in a text written in Latin letters, three in five of 8+ sentences (list markers left out) end after
-    two words or fewer; healthy READMEs, code and answers: under a third."""
+    in a text written in Latin letters, three in five of 8+ sentences (list items left out) end
+    after two words or fewer; healthy READMEs, code and answers: under a third."""
     prose = _MARKUP_RE.sub(" ", _code_free(text))
     counts = _script_counts(prose)
     if not counts or counts.most_common(1)[0][0] != "LATIN":
         return None
-    sentences = [part.strip() for part in _SENTENCE_OR_LINE_RE.split(_LIST_MARKER_RE.sub("", prose)) if part.strip()]
+    prose = _HEADING_MARK_RE.sub("", _LIST_ITEM_RE.sub("", prose))
+    sentences = [part.strip() for part in _SENTENCE_OR_LINE_RE.split(prose) if part.strip()]
     if len(sentences) < 8:
         return None
     clipped = [s for s in sentences if s[-1] in ".!?" and len(re.findall(r"[^\W\d_]+", s)) <= 2]
