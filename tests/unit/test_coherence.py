@@ -170,7 +170,9 @@ def test_the_degenerate_corpus_has_cited_outputs_in_every_class_split_in_halves_
 # its own (its misses may be read). Round 5's held-out half (cb77ffd) was measured once, at the end
 # of round 5's tuning (26d7912), with the detectors from before round 5 and after it in one run: 24
 # of 36 both (66.7%, docs/benchmarks.md). Issue 22's target is 85%; it is not reached, and round
-# 5's held-out misses were never looked at (protocol, tests/data/coherence/README.md).
+# 5's held-out misses were never looked at (protocol, tests/data/coherence/README.md). Later commits
+# (244fc08 and the one after it) only narrowed rules against false positives on normal answers; this
+# floor checks the held-out rate did not fall below the figure measured.
 HELDOUT5_MEASURED = 24 / 36
 
 
@@ -309,7 +311,12 @@ VOCABULARY = [
         # round 5 (general signals chosen on rounds 1 to 4 before round 5's outputs were read)
         ("The neighbour mo比亚 said det2间为准 to the branch, convention禁 aside.", "script-mixing"),
         ("The request of to the service, and description of to and get-request to to.", "broken-grammar"),
-        ("The the of an the report", "broken-grammar"),
+        ("The the of an the report, and and more", "broken-grammar"),
+        (
+            "conclusive request harbour entry wizard speculation screw February augmented transaction acetyl "
+            "manually unique enzymes dirty",
+            "word-salad",
+        ),  # 15 words, no function word
         (
             "Notes.\n"
             + "I have added a new section in the readme with the capabilities of this project and its examples. "
@@ -365,6 +372,23 @@ def test_each_new_detector_fires_on_its_failure(text: str, detector: str) -> Non
         "It works with or without a GPU; votes for and against were counted, to the end of the day.",
         "Swap a and b: assign a to temp, then b to a, and copy a to c when a in d is set.",  # a variable
         "We run these in production and those in staging: the in-place sort of in-memory lists.",
+        "Put the join condition in the ON clause, filter rows in the WHERE clause, and use the IN operator for "
+        "lists; the FROM clause names the tables.",
+        "In Python, the for loop walks over any iterable. Inside the for loop, the in operator tests membership, "
+        "and the with statement closes files for you.",
+        "Open the About dialog from the Help menu, or the About page in Settings. "
+        "Fill the To field and the From field.",
+        "for x in in_list: check the in_place flag, log in in the corner of the page, and turn on on Monday.",
+        "In Korean, particles attach to a loanword too: 'API를' (the API, as object) "
+        "and 'Python을' (Python, as object).",
+        "Pick a language, e.g. Rust. Or Go, i.e. Python's rival. See Fig. 3. Ask Dr. Smith. Or Mr. Jones. "
+        "Cf. Eq. 2. Vol. 3 of the series, pp. 4-5, etc. Done.",
+        "Kubernetes Docker Terraform Ansible Jenkins Prometheus Grafana Helm Istio Vault Consul Nomad",
+        # 16 words with one function word (6%): above the 5% line
+        "fast reliable secure deployment pipelines for modern teams shipping containerized services across regions "
+        "clouds clusters daily",
+        # a 70-letter line twice in a row: under the 80-letter line
+        "Notes:\n" + "The quick brown fox jumps over the lazy dog near the quiet river bank every single day\n" * 2,
         "Keywords: machine learning, deep learning, neural networks, computer vision, natural language "
         "processing, reinforcement learning, robotics",
         "You need:\n- Flour.\n- Sugar.\n- Eggs.\n- Milk.\n- Butter.\n- Salt.\n1. Mix.\n2. Bake.\nEnjoy.",
