@@ -318,6 +318,17 @@ def test_a_server_that_never_answers_times_out_within_the_readiness_timeout(run:
     answer.expect(2, "no answer in time", "/health", fix="start the engine or correct --endpoint")
 
 
+def test_readiness_asks_the_engine_at_least_once_however_short_its_timeout(
+    run: Run, serve: Callable[..., str], tmp_path: Path
+) -> None:
+    """On a loaded machine, building the HTTP client and the progress line outlasted a 1 s timeout
+    and the smoke said "not ready within 1s; last: no answer yet" of a stub serving all along."""
+    report = tmp_path / "smoke.json"
+    run("smoke", "--profile", "cpu-rehearsal", "--endpoint", serve(), "--json", report, "--readiness-timeout", "0.001")
+    readiness = _stage(_report(report), "readiness")
+    assert readiness["status"] == "pass", readiness
+
+
 def test_a_wrong_model_name_names_what_is_served(run: Run, serve: Callable[..., str]) -> None:
     endpoint = serve(Engine({"GET /v1/models": (200, {"data": [{"id": "other-model"}]})}))
     run("smoke", "--profile", "cpu-rehearsal", "--endpoint", endpoint, *FAST).expect(

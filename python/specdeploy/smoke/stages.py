@@ -388,13 +388,17 @@ class Smoke:
                 hint=f"pass the engine's base URL, e.g. http://127.0.0.1:{self.profile.engine.serve.port}",
             )
         timeout = self.options.readiness_timeout_s or self.spec.readiness_timeout_s
-        deadline = time.monotonic() + timeout
         model = self.profile.engine.serve.served_model_name
         last = "no answer yet"
         hint = "start the engine or correct --endpoint; the engine's log says why it is not serving"
         with self._progress() as progress:
+            # the client (its TLS setup) and the progress line are built before the clock starts,
+            # and the engine is asked at least once: on a loaded host, building them once outlasted
+            # a short timeout and the smoke said "not ready" without having asked
             progress.add_task(f"waiting for {self.client.base_url} to serve {model}", total=None)
-            while (left := deadline - time.monotonic()) > 0:
+            deadline = time.monotonic() + timeout
+            while True:
+                left = deadline - time.monotonic()
                 if self.options.engine_down is not None and (reason := self.options.engine_down()):
                     return Stage(
                         "readiness",
@@ -414,6 +418,8 @@ class Smoke:
                         return Stage("readiness", Status.passed, summary, {"ready_at": time.time()})
                     last = f"GET {self.client.base_url}/v1/models lists {served}, not {model}"
                     hint = f"serve {model} (the profile's engine.serve.served_model_name) or correct --endpoint"
+                if deadline - time.monotonic() <= 0:
+                    break
                 time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))
         return Stage("readiness", Status.error, f"not ready within {timeout:g}s; last: {last}", hint=hint)
 
