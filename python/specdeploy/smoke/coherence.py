@@ -138,9 +138,10 @@ def _script(ch: str) -> str | None:
     return head or None
 
 
-def _code_free(text: str) -> str:
-    """The text without fenced and inline code, where identifiers and symbols are normal."""
-    return _INLINE_CODE_RE.sub(" ", _FENCE_RE.sub("\n", text))
+def _code_free(text: str, gap: str = " ") -> str:
+    """The text without fenced and inline code, where identifiers and symbols are normal; inline
+    code leaves `gap` (a newline where the words around it must not count as neighbours)."""
+    return _INLINE_CODE_RE.sub(gap, _FENCE_RE.sub("\n", text))
 
 
 # ----------------------------------------------------------------------------- loops
@@ -466,7 +467,7 @@ def _broken_grammar(text: str) -> Finding | None:
     """Function words in an order no English sentence has ("description of to and get-request
     to to"): fluent-looking salad keeps the common words but not their order. Three such pairs
     in one answer; code, markup and punctuation break the pairs."""
-    prose = _MARKUP_RE.sub("\n", _INLINE_CODE_RE.sub("\n", _FENCE_RE.sub("\n", text)))
+    prose = _MARKUP_RE.sub("\n", _code_free(text, gap="\n"))
     pairs: list[str] = []
     for clause in _CLAUSE_BREAK_RE.split(prose):
         words = [word.lower() for word in _ENGLISH_WORD_RE.findall(clause)]
@@ -507,7 +508,6 @@ _HEADING_MARK_RE = re.compile(r"^[ \t]*#+[ \t]+", re.M)
 _ABBREVIATION_RE = re.compile(
     r"\b(?:e\.g|i\.e|etc|vs|cf|al|approx|Fig|Figs|Eq|No|Nos|Vol|pp|Dr|Mr|Mrs|Ms|Prof|St|Jr|Sr|Inc|Ltd|Co)\.", re.I
 )
-_SENTENCE_OR_LINE_RE = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
 def _clipped_sentences(text: str) -> Finding | None:
@@ -519,7 +519,7 @@ def _clipped_sentences(text: str) -> Finding | None:
     if not counts or counts.most_common(1)[0][0] != "LATIN":
         return None
     prose = _ABBREVIATION_RE.sub(" ", _HEADING_MARK_RE.sub("", _LIST_ITEM_RE.sub("", prose)))
-    sentences = [part.strip() for part in _SENTENCE_OR_LINE_RE.split(prose) if part.strip()]
+    sentences = [part.strip() for line in prose.split("\n") for part in _SENTENCE_SPLIT_RE.split(line) if part.strip()]
     if len(sentences) < 8:
         return None
     clipped = [s for s in sentences if s[-1] in ".!?" and len(re.findall(r"[^\W\d_]+", s)) <= 2]
