@@ -20,7 +20,7 @@ from rich.table import Table
 
 from specdeploy.profile import Profile
 from specdeploy.rehearsal import stacks
-from specdeploy.smoke.stages import SmokeOptions, run
+from specdeploy.smoke.run import SmokeOptions, run
 
 
 def _profile_and_url(name: str) -> tuple[Profile, str]:

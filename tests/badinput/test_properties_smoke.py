@@ -32,7 +32,7 @@ from specdeploy.core.errors import SpecdeployError
 from specdeploy.images import ensure
 from specdeploy.profile.schema import KnownAnswer
 from specdeploy.rollback import restore
-from specdeploy.smoke import clients, metrics, responses, stages
+from specdeploy.smoke import answers, clients, metrics, responses, transcript
 
 SETTINGS = settings(
     max_examples=200,
@@ -231,7 +231,7 @@ def test_any_endpoint_is_judged_without_raising_and_a_good_one_makes_a_client(ur
 def test_any_golden_file_loads_or_raises_only_our_error(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "golden.json"
     path.write_bytes(content)
-    result = only_ours(stages.load_golden, path)
+    result = only_ours(transcript.load_golden, path)
     if isinstance(result, dict):
         assert result["outputs"] and all(isinstance(v, str) for v in result["outputs"].values())
 
@@ -286,7 +286,7 @@ def test_an_engine_answer_with_long_numbers_is_could_not_test_or_parses(text: st
 def test_a_model_answer_with_long_numbers_is_judged_not_raised(text: str) -> None:
     """The known-answer check parses the model's JSON answer: a verdict string or None."""
     answer = KnownAnswer(name="json", prompt="Reply with a JSON object", expect="json_object")
-    result = stages.check_answer(answer, text)
+    result = answers.check_answer(answer, text)
     assert result is None or isinstance(result, str)
 
 

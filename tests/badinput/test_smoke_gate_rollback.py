@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from tests.badinput.conftest import Run, Snapshot, write
 from tests.support.stub import stubs
+from tests.support.words import prompt_logprobs, with_token_ids
 
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import variants
@@ -38,6 +39,7 @@ CLOSED = "http://127.0.0.1:9"  # nothing listens on the discard port: refused in
 FAST = ("--readiness-timeout", "1")
 NOT_AN_ENGINE_FIX = "base URL"  # every "answered, but not as the engine's API" names the base URL
 MODEL = "tiny-qwen3"  # cpu-rehearsal's served_model_name
+RESCORE = "POST /v1/completions (prompt_logprobs)"  # a completion over token ids: the lossless check's
 
 # --------------------------------------------------------------------------- a vLLM stub
 
@@ -115,13 +117,20 @@ class Engine:
     completions: int = 0
 
     def answer(self, key: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if key == "POST /v1/completions" and isinstance(body.get("prompt"), list):
+            key = RESCORE  # the lossless check's fresh prefill, over token ids
         if key in self.answers:
             return self.answers[key]
         if key == "GET /metrics":
             return 200, _metrics(self.completions)
         if key == "POST /v1/chat/completions":
             prompt = body["messages"][0]["content"]
-            return 200, _chat(next((a for k, a in ANSWERS.items() if k in prompt), "I am not sure."))
+            self.completions += 1  # each answer moves the speculative counters, as a real engine's do
+            return 200, with_token_ids(
+                _chat(next((a for k, a in ANSWERS.items() if k in prompt), "I am not sure.")), prompt
+            )
+        if key == RESCORE:
+            return 200, prompt_logprobs(body["prompt"])
         if key == "POST /v1/completions":
             self.completions += 1
         return HEALTHY.get(key, (404, {"detail": "Not Found"}))
@@ -244,6 +253,13 @@ BAD_BODIES = [
         (200, METRICS.replace('position="2"', 'position="last"')),
         "identity",
         ["position", "last"],
+    ),
+    (
+        "rescore-without-prompt-logprobs",
+        RESCORE,
+        (200, {"choices": [{"text": "", "finish_reason": "length"}], "usage": {"prompt_tokens": 9}}),
+        "lossless",
+        ["/v1/completions (prompt_logprobs)", "'prompt_logprobs'"],
     ),
     (
         "completion-no-usage",

@@ -19,11 +19,12 @@ import pytest
 from tests.support.stub import stubs
 
 from specdeploy.core.layout import local_layout
+from specdeploy.core.verdicts import Verdict
 from specdeploy.gate.run import GateOptions, run_gate
 from specdeploy.profile import Profile, load_profile, resolve_profile_path
 from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import launcher, proof, variants
-from specdeploy.smoke.stages import SmokeOptions, Status, run
+from specdeploy.smoke.run import SmokeOptions, run
 
 pytestmark = pytest.mark.vllm
 
@@ -135,11 +136,11 @@ def test_outputs_that_differ_only_under_concurrency_fail_the_comparison(
     profile = load_profile("cpu-rehearsal")
     report = run(profile, url, QUIET)
     coherence, conc = report.stage("coherence"), report.stage("concurrency")
-    assert coherence is not None and coherence.status is Status.passed  # one at a time: right and clean
+    assert coherence is not None and coherence.status is Verdict.passed  # one at a time: right and clean
     assert conc is not None and counts["perturbed"] > 0
     floor = profile.smoke.concurrency_agreement
     assert floor is not None and conc.details["agreement"] < floor.min_fraction, conc.details
-    assert conc.status in (Status.failed, Status.inconclusive) and report.verdict is not Status.passed
+    assert conc.status in (Verdict.failed, Verdict.inconclusive) and report.verdict is not Verdict.passed
     assert conc.details["max_in_flight"] >= 2
 
 
@@ -147,7 +148,7 @@ def test_the_healthy_stack_agrees_under_concurrency_and_times_its_decode_from_th
     profile = load_profile("cpu-rehearsal")
     report = run(profile, stack("healthy").url, QUIET)
     conc, thr = report.stage("concurrency"), report.stage("throughput")
-    assert conc is not None and conc.status is Status.passed and conc.details["agreement"] == 1.0, conc
+    assert conc is not None and conc.status is Verdict.passed and conc.details["agreement"] == 1.0, conc
     assert conc.details["max_in_flight"] >= 2
     assert thr is not None and thr.details["measured_by"] == "engine counters", thr
     rate = thr.details["decode_tokens_per_s"]
@@ -161,7 +162,7 @@ def test_the_long_context_probe_measures_acceptance_after_the_position(stack: St
     profile = variants.derive(base, "cpu-rehearsal", {"smoke": {"long_context": probe}})
     report = run(profile, stack("healthy").url, QUIET)
     longc = report.stage("long_context")
-    assert longc is not None and longc.status is Status.passed, longc
+    assert longc is not None and longc.status is Verdict.passed, longc
     assert longc.details["prompt_tokens"] >= 256 and longc.details["drafts"] > 0
 
 

@@ -55,7 +55,7 @@ from specdeploy.images.build import image_tag
 from specdeploy.migrate import load
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import deploy, hosts, hub, migration, variants
-from specdeploy.smoke.stages import golden_tokens
+from specdeploy.smoke.transcript import golden_tokens
 
 pytestmark = [
     pytest.mark.testhost,

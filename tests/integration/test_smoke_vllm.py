@@ -16,11 +16,12 @@ import httpx
 import pytest
 from tests.support.variants import engine_version
 
+from specdeploy.core.verdicts import Verdict
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rehearsal import launcher, proof, variants
 from specdeploy.smoke import clients as engines
 from specdeploy.smoke import metrics
-from specdeploy.smoke.stages import SmokeOptions, SmokeReport, Status, run
+from specdeploy.smoke.run import SmokeOptions, SmokeReport, run
 
 pytestmark = pytest.mark.vllm
 
@@ -32,7 +33,7 @@ def _smoke(profile: Profile, engine: launcher.EngineProcess, options: SmokeOptio
     return run(profile, engine.url, options)
 
 
-def _statuses(report: SmokeReport) -> dict[str, Status]:
+def _statuses(report: SmokeReport) -> dict[str, Verdict]:
     return {s.name: s.status for s in report.stages}
 
 
@@ -45,8 +46,13 @@ def test_healthy_rehearsal_passes(stack: Stack, tmp_path: Path) -> None:
     report = _smoke(profile, stack("healthy"), SmokeOptions(show_progress=False, record_golden=tmp_path / "g.json"))
     assert report.exit_code == 0, report.to_json()
     statuses = _statuses(report)
-    assert statuses.pop("long_context") is Status.skipped  # off in the profile (a test turns it on)
-    assert set(statuses.values()) == {Status.passed}
+    assert statuses.pop("long_context") is Verdict.skipped  # off in the profile (a test turns it on)
+    assert statuses.pop("prefix_cache") is Verdict.skipped  # off for the fixtures' 512 positions
+    assert set(statuses.values()) == {Verdict.passed}
+    lossless = report.stage("lossless")
+    assert lossless is not None and lossless.details["divergences"] == []
+    assert lossless.details["distribution"]["tokens"] > 0
+    assert lossless.details["speculation_during_answers"]["drafts"] > 0
     acc = report.stage("acceptance")
     assert acc is not None
     band = profile.smoke.acceptance_length
@@ -60,8 +66,8 @@ def test_collapsed_dflash_drafter_is_diagnosed(dflash_run: proof.ProofResult) ->
     report = _smoke(dflash_run.engine.profile, dflash_run.engine)
     statuses = _statuses(report)
     assert report.exit_code == 1
-    assert statuses["coherence"] is Status.passed  # the target is fine ...
-    assert statuses["acceptance"] is Status.failed  # ... the drafter is not
+    assert statuses["coherence"] is Verdict.passed  # the target is fine ...
+    assert statuses["acceptance"] is Verdict.failed  # ... the drafter is not
     acc = report.stage("acceptance")
     assert acc is not None and acc.details["decision"] == "below" and acc.details["per_position"][0] < 0.3
     assert "drafter config" in _diagnosis(report) and "verify-config" in _diagnosis(report)
@@ -71,9 +77,11 @@ def test_untrained_target_is_degenerate(stack: Stack) -> None:
     engine = stack("untrained-target")
     report = _smoke(engine.profile, engine)
     assert report.exit_code == 1
-    assert _statuses(report)["coherence"] is Status.failed
-    coherence = report.stage("coherence")
-    assert coherence is not None and coherence.details["wrong_answers"] and coherence.details["degenerate"]
+    assert _statuses(report)["coherence"] is Verdict.failed
+    coherence, accuracy = report.stage("coherence"), report.stage("accuracy")
+    assert coherence is not None and coherence.details["degenerate"]
+    assert accuracy is not None and accuracy.status is Verdict.failed
+    assert accuracy.details["known answers"]["wrong"]
     assert "output incoherent" in _diagnosis(report)
     assert "drafter config" not in _diagnosis(report)  # a broken target is not blamed on the drafter
 
@@ -83,9 +91,9 @@ def test_self_drafting_untrained_target_is_a_token_loop(stack: Stack) -> None:
     report = _smoke(engine.profile, engine)
     acc = report.stage("acceptance")
     assert report.exit_code == 1 and acc is not None
-    assert acc.status is Status.failed and acc.details["token_loop"]
+    assert acc.status is Verdict.failed and acc.details["token_loop"]
     assert min(acc.details["per_position"]) >= 0.95
-    assert _statuses(report)["coherence"] is Status.failed
+    assert _statuses(report)["coherence"] is Verdict.failed
     assert "token loop" in _diagnosis(report)
 
 
@@ -156,7 +164,7 @@ def test_version_mismatch_names_both_versions(stack: Stack) -> None:
     profile = engine_version(load_profile("cpu-rehearsal"), "0.31.0")
     report = _smoke(profile, stack("healthy"))
     identity = report.stage("identity")
-    assert report.exit_code == 1 and identity is not None and identity.status is Status.failed
+    assert report.exit_code == 1 and identity is not None and identity.status is Verdict.failed
     assert "0.32.0" in identity.summary and "0.31.0" in identity.summary
     assert "engine identity" in _diagnosis(report)
     assert [s.name for s in report.stages] == ["readiness", "identity"]  # nothing else is trusted
@@ -169,12 +177,12 @@ def test_golden_transcript_holds_then_drifts(stack: Stack, tmp_path: Path) -> No
 
     again = _smoke(healthy, stack("healthy"), SmokeOptions(show_progress=False, golden=golden))
     gold = again.stage("golden")
-    assert gold is not None and gold.status is Status.passed and gold.details["match_fraction"] == 1.0
+    assert gold is not None and gold.status is Verdict.passed and gold.details["match_fraction"] == 1.0
 
     other = stack("untrained-target")  # a different target behind the same name
     drifted = _smoke(other.profile, other, SmokeOptions(show_progress=False, golden=golden))
     gold = drifted.stage("golden")
-    assert gold is not None and gold.status is Status.failed and gold.details["match_fraction"] < 0.8
+    assert gold is not None and gold.status is Verdict.failed and gold.details["match_fraction"] < 0.8
     assert "golden drift" in _diagnosis(drifted)
 
 
@@ -182,7 +190,7 @@ def test_server_down_cannot_test() -> None:
     profile = variants.on_port(load_profile("cpu-rehearsal"), "cpu-rehearsal-nothing", 8199)
     report = run(profile, "http://127.0.0.1:8199", SmokeOptions(show_progress=False, readiness_timeout_s=3))
     assert report.exit_code == 2
-    assert _statuses(report) == {"readiness": Status.error}
+    assert _statuses(report) == {"readiness": Verdict.error}
     assert "unreachable" in _diagnosis(report)
 
 
@@ -205,7 +213,7 @@ def test_speculative_decoding_off(stack: Stack) -> None:
     report = _smoke(engine.profile, engine)
     assert report.exit_code == 1
     identity = report.stage("identity")
-    assert identity is not None and identity.status is Status.failed
+    assert identity is not None and identity.status is Verdict.failed
     assert "speculative decoding is off" in identity.summary and "'draft_model'" in identity.summary
     assert identity.details["speculation"]["k"] == 0
     assert "speculative setup:" in _diagnosis(report)
@@ -229,7 +237,7 @@ def test_server_killed_mid_run(stack: Stack, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(engines.EngineClient, "chat", chat_then_kill)
     report = _smoke(engine.profile, engine)
     assert report.exit_code == 2, report.to_json()
-    assert _statuses(report)["server"] is Status.error
+    assert _statuses(report)["server"] is Verdict.error
     assert "failed mid-run" in _diagnosis(report)
 
 
@@ -248,6 +256,6 @@ def test_hybrid_gated_deltanet_target_with_mtp(stack: Stack) -> None:
     assert response.status_code == 200
     assert metrics.total(metrics.scrape(engine.url), metrics.DRAFTS) > before
     report = _smoke(engine.profile, engine)
-    assert report.exit_code == 1 and _statuses(report)["coherence"] is Status.failed
+    assert report.exit_code == 1 and _statuses(report)["coherence"] is Verdict.failed
     acc = report.stage("acceptance")
     assert acc is not None and acc.details["drafts"] > 0

@@ -24,6 +24,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tests.support.stub import stubs
+from tests.support.words import prompt_logprobs, token_ids
 
 # What cpu-rehearsal's known-answer prompts get from a healthy engine (its fixture target's answers).
 ANSWERS = {
@@ -57,6 +58,9 @@ class VLLMStub:
     seen: list[str] = field(default_factory=list)
     authorizations: list[str | None] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # answers (keys of `answers`) whose second generated token a fresh prefill does not choose: a lossy
+    # verifier's signature (the lossless check's tests)
+    lossy: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.per_position = [0.0] * self.k
@@ -120,14 +124,21 @@ class VLLMStub:
         if (method, path) == ("POST", "/v1/chat/completions"):
             self.serve_requests(1)
             prompt = body["messages"][0]["content"]
-            text = next((a for key, a in self.answers.items() if key in prompt), "I am not sure.")
-            return 200, {
+            key, text = next(((k, a) for k, a in self.answers.items() if k in prompt), ("", "I am not sure."))
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            answer = {
                 "id": "chatcmpl-1",
                 "object": "chat.completion",
                 "model": self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "choices": [choice],
                 "usage": {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20},
             }
+            if body.get("return_token_ids"):  # as vLLM 0.10.2+ returns them
+                answer["prompt_token_ids"] = token_ids(prompt)
+                choice["token_ids"] = token_ids(text, lossy=key in self.lossy)
+            return 200, answer
+        if (method, path) == ("POST", "/v1/completions") and isinstance(body.get("prompt"), list):
+            return 200, prompt_logprobs(body["prompt"])
         if (method, path) == ("POST", "/v1/completions"):
             self.serve_requests(1)
             return 200, {

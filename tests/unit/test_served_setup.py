@@ -16,8 +16,9 @@ from specdeploy.gate import golden
 from specdeploy.profile import load_profile, resolve_profile_path
 from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import variants
+from specdeploy.smoke.checks.identity import speculation_mismatch
 from specdeploy.smoke.clients import stream_rate
-from specdeploy.smoke.stages import agrees, speculation_mismatch
+from specdeploy.smoke.transcript import agrees
 
 RECORDED = DATA / "gpu-vllm-0.26"
 
@@ -130,7 +131,7 @@ def test_a_container_profile_s_identity_carries_the_registry_digest_its_lock_rec
 def test_a_golden_is_recorded_from_a_serving_engine_only_when_its_answers_are_right(tmp_path: Path) -> None:
     """`served-identity --record-golden` (migrate plan, for a host whose verified run predates
     goldens), against a vLLM stand-in on a loopback port: a right engine's coherence outputs become
-    the identity's golden (with the identity beside them); a wrong answer records nothing."""
+    the identity's golden (with the identity beside them); a wrong answer (below the accuracy floor) records nothing."""
     from tests.support.vllm_stub import engines
 
     profile = load_profile(resolve_profile_path("cpu-rehearsal"))
@@ -144,7 +145,7 @@ def test_a_golden_is_recorded_from_a_serving_engine_only_when_its_answers_are_ri
         assert record["identity"] == identity and record["outputs"] and record["identity_key"] == golden.key(identity)
         stub.answers["6 times 7"] = "6 times 7 is 43."
         wrong = {**identity, "test": "wrong"}
-        with pytest.raises(golden.GoldenRecordError, match="coherence stage did not pass"):
+        with pytest.raises(golden.GoldenRecordError, match="accuracy stage did not pass"):
             golden.record_serving(profile, host, wrong, endpoint=url, api_key=None)
     assert not golden.path(host, golden.key(wrong)).exists()
     assert sorted(p.name for p in host.golden.iterdir()) == [kept.name]

@@ -20,10 +20,12 @@ from typing import Any
 
 import pytest
 from tests.support.data import DATA
+from tests.support.words import input_logprobs, token_ids
 
+from specdeploy.core.verdicts import Verdict
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import variants
-from specdeploy.smoke.stages import SmokeOptions, Status, run
+from specdeploy.smoke.run import SmokeOptions, run
 
 RECORDED = DATA / "sglang"
 
@@ -57,6 +59,7 @@ class SGLangStub:
     # server-info overrides: what the recorded server arguments say of speculation
     server_args: dict[str, Any] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
+    lossy: set[str] = field(default_factory=set)  # answers (ANSWERS keys) a fresh prefill would not give
     _generated: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -106,20 +109,29 @@ def _handler(stub: SGLangStub) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802
             stub.requests.append(self.path)
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if self.path == "/generate":
+            if self.path == "/generate" and "input_ids" in body:  # the lossless check's re-score
+                self._send(200, input_logprobs(body["input_ids"]))
+            elif self.path == "/generate":
                 self._send(200, stub.generate())
             elif self.path == "/v1/chat/completions":
                 prompt = body["messages"][0]["content"]
-                text = next((a for key, a in ANSWERS.items() if key in prompt), "I am not sure.")
+                key, text = next(((k, a) for k, a in ANSWERS.items() if k in prompt), ("", "I am not sure."))
+                choice: dict[str, Any] = {
+                    "index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"
+                }  # fmt: skip
+                if body.get("return_token_ids"):  # 0.5.19's fields (docs/sources.md#lossless)
+                    choice["prompt_token_ids"] = token_ids(prompt)
+                    choice["response_token_ids"] = token_ids(text, lossy=key in stub.lossy)
+                if body.get("return_meta_info"):  # a prompt after the shared context hits the radix cache
+                    cached = 256 if len(prompt) > 1000 and not body.get("cache_salt") else 0
+                    choice["meta_info"] = {"cached_tokens": cached}
                 self._send(
                     200,
                     {
                         "id": "chatcmpl-1",
                         "object": "chat.completion",
                         "model": "qwen3.6-27b",
-                        "choices": [
-                            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-                        ],
+                        "choices": [choice],
                         "usage": {"prompt_tokens": 20, "completion_tokens": 30, "total_tokens": 50},
                     },
                 )
@@ -174,21 +186,21 @@ def test_older_sglang_identity_via_get_server_info(serve: Any) -> None:
     stub = SGLangStub(new_endpoint=False)
     report = run(load_profile("a6000-mtp"), serve(stub), QUIET)
     identity = report.stage("identity")
-    assert identity is not None and identity.status is Status.passed and "0.5.19" in identity.summary
+    assert identity is not None and identity.status is Verdict.passed and "0.5.19" in identity.summary
     assert "/get_server_info" in stub.requests
 
 
 def test_known_bad_sglang_version_is_refused_with_reason(serve: Any) -> None:
     report = run(load_profile("a6000-mtp"), serve(SGLangStub(version="0.5.17")), QUIET)
     identity = report.stage("identity")
-    assert report.exit_code == 1 and identity is not None and identity.status is Status.failed
+    assert report.exit_code == 1 and identity is not None and identity.status is Verdict.failed
     assert "0.5.17 is known bad" in identity.summary and "token loops (issue #35723)" in identity.summary
 
 
 def test_unpinned_sglang_version_fails_naming_both(serve: Any) -> None:
     report = run(load_profile("a6000-mtp"), serve(SGLangStub(version="0.5.16")), QUIET)
     identity = report.stage("identity")
-    assert identity is not None and identity.status is Status.failed
+    assert identity is not None and identity.status is Verdict.failed
     assert "0.5.16" in identity.summary and "0.5.19" in identity.summary
 
 
@@ -203,7 +215,7 @@ def test_sglang_acceptance_collapse(serve: Any) -> None:
 def test_good_acceptance_low_throughput_blames_draft_length(serve: Any) -> None:
     report = run(load_profile("a6000-mtp"), serve(SGLangStub(stream_tokens_per_s=25)), QUIET)
     statuses = {s.name: s.status for s in report.stages}
-    assert statuses["acceptance"] is Status.passed and statuses["throughput"] is Status.failed
+    assert statuses["acceptance"] is Verdict.passed and statuses["throughput"] is Verdict.failed
     assert any("too many draft tokens" in line for line in report.diagnosis)
 
 
@@ -213,7 +225,7 @@ def test_vllm_profile_against_sglang_server_is_an_identity_failure(serve: Any) -
     )
     report = run(profile, serve(SGLangStub()), QUIET)
     identity = report.stage("identity")
-    assert identity is not None and identity.status is Status.failed and "not vllm" in identity.summary
+    assert identity is not None and identity.status is Verdict.failed and "not vllm" in identity.summary
 
 
 def test_straddling_the_band_after_the_budget_is_inconclusive(serve: Any) -> None:
@@ -221,7 +233,7 @@ def test_straddling_the_band_after_the_budget_is_inconclusive(serve: Any) -> Non
     never clears it, the budget (64 requests) runs out, and the verdict is 3, not a guess."""
     report = run(load_profile("a6000-mtp"), serve(SGLangStub(verify_by_wave=(56, 43))), QUIET)
     acc = report.stage("acceptance")
-    assert acc is not None and acc.status is Status.inconclusive
+    assert acc is not None and acc.status is Verdict.inconclusive
     assert acc.details["requests"] == 64 and acc.details["interval_95"][0] < 2.6 < acc.details["interval_95"][1]
     assert report.exit_code == 3
 
@@ -231,7 +243,7 @@ def test_sglang_serving_without_speculation_fails_identity_naming_the_profiles_s
     stub = SGLangStub(server_args={"speculative_algorithm": None, "speculative_draft_model_path": None})
     report = run(load_profile("a6000-mtp"), serve(stub), QUIET)
     identity = report.stage("identity")
-    assert report.exit_code == 1 and identity is not None and identity.status is Status.failed
+    assert report.exit_code == 1 and identity is not None and identity.status is Verdict.failed
     assert "speculative decoding is off" in identity.summary and "'EAGLE'" in identity.summary
     assert "num_speculative_tokens 3" in identity.summary
     assert any(line.startswith("speculative setup:") for line in report.diagnosis)
@@ -241,7 +253,7 @@ def test_sglang_nextn_without_a_draft_model_path_fails_naming_the_upstream_issue
     stub = SGLangStub(server_args={"speculative_draft_model_path": None})
     report = run(load_profile("a6000-mtp"), serve(stub), QUIET)
     identity = report.stage("identity")
-    assert identity is not None and identity.status is Status.failed
+    assert identity is not None and identity.status is Verdict.failed
     assert "speculative_draft_model_path" in identity.summary and "sgl-project/sglang#23859" in identity.summary
 
 
@@ -249,7 +261,7 @@ def test_sglang_with_another_step_count_fails_naming_both_values(serve: Any) -> 
     stub = SGLangStub(server_args={"speculative_num_steps": 6, "speculative_num_draft_tokens": 7})
     report = run(load_profile("a6000-mtp"), serve(stub), QUIET)
     identity = report.stage("identity")
-    assert identity is not None and identity.status is Status.failed
+    assert identity is not None and identity.status is Verdict.failed
     assert "served num_speculative_tokens 6, the profile pins 3" in identity.summary
     assert "the field ran 15 instead of 5" in identity.summary
 
@@ -258,7 +270,7 @@ def test_sglang_speculating_with_accept_length_one_fails_as_inactive(serve: Any)
     """The server says EAGLE, yet every verify step emits one token: speculation is inactive."""
     report = run(load_profile("a6000-mtp"), serve(SGLangStub(spec_verify_ct=128)), QUIET)
     acc = report.stage("acceptance")
-    assert report.exit_code == 1 and acc is not None and acc.status is Status.failed
+    assert report.exit_code == 1 and acc is not None and acc.status is Verdict.failed
     assert "speculation inactive" in acc.summary
     assert any(line.startswith("speculation inactive") for line in report.diagnosis)
     assert not any("drafter config" in line for line in report.diagnosis)
@@ -268,6 +280,6 @@ def test_sglang_concurrency_reruns_the_prompts_with_four_in_flight(serve: Any) -
     stub = SGLangStub()
     report = run(load_profile("a6000-mtp"), serve(stub), QUIET)
     conc = report.stage("concurrency")
-    assert conc is not None and conc.status is Status.passed, conc
+    assert conc is not None and conc.status is Verdict.passed, conc
     assert conc.details["concurrency"] == 4 and conc.details["agreement"] == 1.0
     assert conc.details["requests"] >= 2 * 8  # every known-answer and free-form prompt twice

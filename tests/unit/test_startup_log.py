@@ -202,7 +202,7 @@ def test_no_such_unit_here_means_no_verdict_from_the_probe(systemctl_state: Path
 def test_readiness_ends_at_once_when_the_engine_is_down() -> None:
     """The smoke's readiness stage against a port that never answers, with a probe saying the
     unit crash-loops: an error naming the reason, long before the profile's timeout."""
-    from specdeploy.smoke import stages
+    from specdeploy.smoke import run as stages
 
     silent = socket.create_server(("127.0.0.1", 0))  # listens, never answers
     try:

@@ -190,7 +190,7 @@ def test_a_real_vllm_s_counters_of_a_random_drafter_fail_the_light_gate() -> Non
     span = counters.interval(before, after)
     assert span.reset is None and (span.drafts, span.draft_tokens, span.accepted) == (73, 219, 0)
     stage = watch.judge_acceptance(load_profile("cpu-rehearsal"), span)
-    assert stage.status is watch.Status.failed
+    assert stage.status is watch.Verdict.failed
     assert "mean acceptance length 1.00 over 73 drafts" in stage.summary and "position 0 accepted 0%" in stage.summary
 
 
@@ -242,7 +242,7 @@ def test_a_healthy_engine_passes_and_the_textfile_parses_back_with_the_counters_
     assert result.verdict is watch.Verdict.passed and result.exit_code == 0, result.message
     assert [c.name for c in result.checks] == ["readiness", "identity", "known answers", "acceptance"]
     acceptance = _check(result, "acceptance")
-    assert acceptance.status is watch.Status.passed and "since the engine started" in acceptance.summary
+    assert acceptance.status is watch.Verdict.passed and "since the engine started" in acceptance.summary
     assert result.interval and result.interval["mean_acceptance_length"] == pytest.approx(2.8)
     assert _calls(calls) == []  # a pass never calls the hook
 
@@ -298,10 +298,10 @@ def test_a_collapse_since_the_last_run_fails_and_the_hook_gets_the_result_file(
     result = watch.run_watch(host, options)
     assert result.verdict is watch.Verdict.failed and result.exit_code == 1
     acceptance = _check(result, "acceptance")
-    assert acceptance.status is watch.Status.failed
+    assert acceptance.status is watch.Verdict.failed
     assert "mean acceptance length 1.05" in acceptance.summary and "below the floor 1.5" in acceptance.summary
     assert "since the previous light gate" in acceptance.summary
-    assert _check(result, "known answers").status is watch.Status.passed  # the text is still right
+    assert _check(result, "known answers").status is watch.Verdict.passed  # the text is still right
     [call] = _calls(calls)
     assert call["argv"][1:] == ["--team", "inference", str(host.watch_result)]
     assert call["result"]["verdict"] == "fail"  # the file was written before the hook ran
@@ -351,7 +351,7 @@ def test_too_few_drafts_are_not_judged(engine: Callable, unit_state: dict, tmp_p
     _, url = engine(acceptance=1.05, drafts_per_request=2)  # 4 requests x 2 drafts < watch.min_drafts 20
     result = watch.run_watch(layout.local_layout(tmp_path / "state"), _options(url, tmp_path))
     acceptance = _check(result, "acceptance")
-    assert acceptance.status is watch.Status.skipped and "too little traffic" in acceptance.summary
+    assert acceptance.status is watch.Verdict.skipped and "too little traffic" in acceptance.summary
     assert result.verdict is watch.Verdict.passed
 
 
@@ -363,7 +363,7 @@ def test_a_wrong_answer_fails_through_the_smoke_s_own_checks(
     stub.answers["capital of France"] = "Paris Paris Paris Paris Paris Paris Paris Paris Paris Paris"
     result = watch.run_watch(layout.local_layout(tmp_path / "state"), _options(url, tmp_path))
     known = _check(result, "known answers")
-    assert result.verdict is watch.Verdict.failed and known.status is watch.Status.failed
+    assert result.verdict is watch.Verdict.failed and known.status is watch.Verdict.failed
     assert "arithmetic" in known.details["wrong_answers"] and "repetition-loop" in " ".join(
         known.details["degenerate"]["capital"]
     )
@@ -373,7 +373,7 @@ def test_another_engine_version_fails_the_identity_check(engine: Callable, unit_
     _, url = engine(version="0.31.0")
     result = watch.run_watch(layout.local_layout(tmp_path / "state"), _options(url, tmp_path))
     identity = _check(result, "identity")
-    assert result.verdict is watch.Verdict.failed and identity.status is watch.Status.failed
+    assert result.verdict is watch.Verdict.failed and identity.status is watch.Verdict.failed
     assert "0.31.0" in identity.summary and "0.32.0" in identity.summary
 
 
@@ -387,12 +387,12 @@ def test_the_light_gate_reads_the_served_method_from_the_startup_log_and_names_b
     dflash_log = (DATA / "gpu-vllm-0.26" / "dfv2.log").read_text(errors="replace")
     result = watch.run_watch(layout.local_layout(tmp_path / "a"), _options(url, tmp_path, startup_log=dflash_log))
     identity = _check(result, "identity")
-    assert result.verdict is watch.Verdict.failed and identity.status is watch.Status.failed
+    assert result.verdict is watch.Verdict.failed and identity.status is watch.Verdict.failed
     assert "dflash" in identity.summary and "draft_model" in identity.summary, identity.summary
     own = "INFO with config: model='/m', speculative_config=SpeculativeConfig(method='draft_model', "
     own += "model='/d', num_spec_tokens=3), tokenizer='/m'"
     result = watch.run_watch(layout.local_layout(tmp_path / "b"), _options(url, tmp_path, startup_log=own))
-    assert _check(result, "identity").status is watch.Status.passed, _check(result, "identity").summary
+    assert _check(result, "identity").status is watch.Verdict.passed, _check(result, "identity").summary
     assert "draft_model k=3" in _check(result, "identity").summary
 
 

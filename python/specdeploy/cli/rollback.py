@@ -69,8 +69,8 @@ def _outcome_files(host: layout.HostLayout, run_id: str, json_path: Path | None)
 
 def _restore(host: layout.HostLayout, run_id: str, unit: str, json_path: Path | None, *, recovering: bool) -> int:
     """Restore and prove run `run_id`, writing its outcome on every exit path; the exit code."""
+    from specdeploy.core.verdicts import Interrupted, sigterm_interrupts
     from specdeploy.rollback import restore  # proving runs the smoke: imported only here
-    from specdeploy.smoke import stages
 
     targets = _outcome_files(host, run_id, json_path)
 
@@ -79,9 +79,9 @@ def _restore(host: layout.HostLayout, run_id: str, unit: str, json_path: Path | 
             target.write(data)
 
     try:
-        with stages.sigterm_interrupts():
+        with sigterm_interrupts():
             outcome = restore.restore_and_prove(host, run_id, unit=unit)
-    except (stages.Interrupted, KeyboardInterrupt) as exc:
+    except (Interrupted, KeyboardInterrupt) as exc:
         write(restore.ended_outcome(run_id, exc, EXIT_INTERRUPTED) | {"status": "interrupted"})
         output.err.print(
             f"interrupted: run `specdeploy rollback restore --run-id {run_id}` again to finish", highlight=False

@@ -57,13 +57,15 @@ def smoke(
     ] = None,
     readiness_timeout: Annotated[float | None, typer.Option(help="seconds to wait for readiness")] = None,
 ) -> None:
-    """The smoke gate: readiness, identity, coherence, golden, acceptance, throughput.
+    """The smoke gate: readiness, identity, coherence, accuracy, concurrency, lossless, prefix cache,
+    golden, acceptance, long context, throughput.
 
     Exit 0 pass, 1 fail, 2 could not test (unreachable, a server error, an answer that is not the
     engine's API) or bad input, 3 inconclusive, 130 interrupted. --json is written on every exit path.
     The API key, when the server needs one, is read from $SPECDEPLOY_API_KEY (never argv).
     """
-    from specdeploy.smoke import stages  # numpy, httpx: only when a smoke runs
+    from specdeploy.core.verdicts import Interrupted, sigterm_interrupts
+    from specdeploy.smoke import run as stages  # numpy, httpx: only when a smoke runs
 
     options = stages.SmokeOptions(
         golden=golden,
@@ -85,9 +87,9 @@ def smoke(
     if target is not None:
         target.claim(stages.running_report(run.profile.name, endpoint))
     try:
-        with stages.sigterm_interrupts():
-            report = run.run().to_json()
-    except (stages.Interrupted, KeyboardInterrupt) as exc:
+        with sigterm_interrupts():
+            report = stages.execute(run).to_json()
+    except (Interrupted, KeyboardInterrupt) as exc:
         if target is not None:
             target.write(run.report.ended("interrupted", EXIT_INTERRUPTED, f"interrupted ({exc or 'SIGINT'})"))
         output.err.print("interrupted", highlight=False)

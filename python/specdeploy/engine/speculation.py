@@ -3,7 +3,7 @@
 A server speculating with another method or another number of draft tokens than the profile's got
 "drafter config: run verify-config" or "inconclusive" from the smoke; the field's mistake (15 draft
 tokens where 5 were verified) must be named for what it is. The smoke's identity stage compares this
-with the profile (smoke.stages.speculation_mismatch).
+with the profile (smoke.checks.identity.speculation_mismatch).
 """
 
 from __future__ import annotations

@@ -78,6 +78,26 @@ def served_speculation(log_text: str) -> ServedSpeculation | None:
     return ServedSpeculation(method, k, f"the startup log: SpeculativeConfig(method={method!r}, num_spec_tokens={k})")
 
 
+# vLLM 0.32: "Default vLLM sampling parameters have been overridden by the model's `generation_config.json`:
+# `{'temperature': 0.7}`. If this is not intended, ..." (config/model.py, get_diff_sampling_param); older
+# releases: "Default sampling parameters have been overridden by the model's Hugging Face generation
+# config recommended from the model creator."
+_SAMPLING_RE = re.compile(
+    r"Default (?:vLLM )?sampling parameters have been overridden by (?P<by>.+?)(?::\s*`(?P<params>\{[^`]*\})`)?\."
+    r"(?:\s|$)"
+)
+
+
+def served_sampling_overrides(log_text: str) -> str | None:
+    """What the engine logged when a generation config replaced its default sampling parameters (who
+    and, where it says, which values), or None where it logged nothing of the kind."""
+    matches = list(_SAMPLING_RE.finditer(log_text))
+    if not matches:
+        return None
+    last = matches[-1]
+    return f"{last.group('by')}: {last.group('params')}" if last.group("params") else last.group("by")
+
+
 @dataclass(frozen=True)
 class AuxLine:
     """One auxiliary-layer line as vLLM printed it."""

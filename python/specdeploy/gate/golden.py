@@ -110,9 +110,12 @@ def record_serving(
 ) -> Path:
     """A golden for the identity a host serves now, from its engine: the smoke's readiness, then its
     coherence prompts one at a time (greedy, read-only, a handful of requests: no load on a serving
-    host), adopted only when every answer is right and no output is degenerate. `migrate plan` uses it
-    for a host whose verified run predates goldens. The existing golden of that identity is kept."""
-    from specdeploy.smoke import stages  # the smoke's clients: only when recording
+    host), adopted only when the known answers meet the profile's accuracy floor and no output is
+    degenerate. `migrate plan` uses it for a host whose verified run predates goldens. The existing
+    golden of that identity is kept."""
+    from specdeploy.core.verdicts import Verdict
+    from specdeploy.smoke import run as stages  # the smoke's clients: only when recording
+    from specdeploy.smoke.checks import accuracy, coherence, golden, readiness
 
     identity_key = key(identity)
     if path(host, identity_key).is_file():
@@ -123,9 +126,10 @@ def record_serving(
         profile, endpoint, stages.SmokeOptions(record_golden=recorded, api_key=api_key, show_progress=False)
     )
     try:
-        for check in (run.readiness, run.coherence, run.golden):
-            stage = check()
-            if stage.status is not stages.Status.passed:
+        for check in (readiness.check, coherence.check, accuracy.check, golden.check):
+            stage = check(run)
+            run.report.stages.append(stage)
+            if stage.status is not Verdict.passed:
                 raise GoldenRecordError(
                     f"no golden recorded for identity {identity_key}: the {stage.name} stage did not pass "
                     f"({stage.summary})",
@@ -133,8 +137,7 @@ def record_serving(
                     "host and fix what it reports",
                 )
     finally:
-        if run._client is not None:
-            run._client.close()
+        run.close()
     target = adopt(host, identity_key, identity, recorded)
     recorded.unlink(missing_ok=True)
     return target

@@ -32,49 +32,28 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from specdeploy.core import atomic, files, keeper, layout
-from specdeploy.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, SpecdeployError, UsageError, WriteError
+from specdeploy.core.errors import EXIT_INTERNAL, SpecdeployError, UsageError, WriteError
+from specdeploy.core.verdicts import EXIT_CODES, Interrupted, Verdict, sigterm_interrupts
 from specdeploy.engine import secret, startup_log
 from specdeploy.gate import golden
 from specdeploy.images import prune as image_prune
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rollback import restore
-from specdeploy.smoke import stages as smoke
+from specdeploy.smoke import run as smoke
+from specdeploy.smoke.clients import endpoint_problem
 from specdeploy.weights import store
 
 REPORT = "gate.json"
 KEEP_RUNS = 20  # run directories kept besides the verified one
 
 
-class Verdict(StrEnum):
-    running = "running"
-    passed = "pass"
-    failed = "fail"
-    error = "error"
-    inconclusive = "inconclusive"
-    interrupted = "interrupted"
-
-
-# The gate's exit codes (README "Exit codes"): the smoke's, plus 4 when the new stack failed
-# and the host was not proven to serve the previous one, and 130 when the run was stopped.
-EXIT_CODES = {
-    Verdict.passed: 0,
-    Verdict.failed: 1,
-    Verdict.error: 2,
-    Verdict.inconclusive: 3,
-    Verdict.interrupted: EXIT_INTERRUPTED,
-}
+# The gate's exit codes (README "Exit codes"): the one vocabulary's (core.verdicts), plus 4 when the
+# new stack failed and the host was not proven to serve the previous one.
 EXIT_NOT_RESTORED = 4
-
-
-# SIGTERM (from Ansible, systemd or `timeout`) while the gate runs: the smoke's, so a smoke the
-# gate runs is interrupted the same way
-Interrupted = smoke.Interrupted
-_sigterm_interrupts = smoke.sigterm_interrupts
 
 
 @dataclass(frozen=True)
@@ -125,8 +104,6 @@ class GateReport:
     def exit_code(self) -> int:
         if self.error_exit is not None:
             return self.error_exit
-        if self.verdict is Verdict.running:
-            return EXIT_CODES[Verdict.interrupted]
         if self.verdict is not Verdict.passed and self.rollback is not None and self.rollback_left_no_stack:
             return EXIT_NOT_RESTORED
         return EXIT_CODES[self.verdict]
@@ -291,7 +268,7 @@ def run_gate(
     report = GateReport(run_id, profile_file.stem, str(profile_file), options.endpoint or "", _claim(host, run_id))
     report.write()
     try:
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             log_text = _read_startup_log(options.log_file) if options.log_file is not None else None
             profile = load_profile(profile_file)
             report.profile = profile.name
@@ -361,7 +338,7 @@ def _gate(
             startup_log.wait_settled(options.unit, options.readiness_timeout_s or profile.smoke.readiness_timeout_s)
             or "settled"
         )
-    if problem := smoke.endpoint_problem(report.endpoint):  # the smoke's readiness says why, at once
+    if problem := endpoint_problem(report.endpoint):  # the smoke's readiness says why, at once
         report.startup_log = {"ok": True, "skipped": True, "message": f"not checked: the endpoint {problem}"}
     else:
         report.startup_log = _check_startup_log(profile, options, report.endpoint, log_text)

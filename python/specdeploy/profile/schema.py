@@ -453,19 +453,54 @@ class Band(_Strict):
         return self
 
 
+class FunctionTest(_Strict):
+    """One test of a `python_function` answer: `call` evaluated after the answer's code equals `equals`."""
+
+    call: str = Field(min_length=1, description="a Python expression calling the function, e.g. sum_list([1, 2])")
+    equals: str = Field(min_length=1, description="a Python literal expression its value must equal, e.g. 3")
+
+    @field_validator("call", "equals")
+    @classmethod
+    def _expression(cls, v: str) -> str:
+        import ast
+
+        try:
+            ast.parse(v, mode="eval")
+        except SyntaxError as exc:
+            raise ValueError(f"expected a Python expression, found {v!r} ({exc.msg})") from None
+        return v
+
+
 class KnownAnswer(_Strict):
-    """A greedy chat prompt with a checkable answer."""
+    """A greedy chat prompt with a checkable answer (smoke.answers names each kind's rule)."""
 
     name: str
     prompt: str
-    expect: Literal["contains", "json_object", "python"]
-    value: str | None = Field(None, description="for `contains`: the text expected (case-insensitive)")
+    expect: Literal["contains", "number", "json_object", "python", "python_function"]
+    value: str | int | float | None = Field(
+        None, description="contains: the text expected (case-insensitive); number: the final number expected"
+    )
+    function: str | None = Field(None, description="python_function: the name of the function the code defines")
+    tests: list[FunctionTest] = Field(default_factory=list, description="python_function: what it must compute")
     max_tokens: int = Field(64, ge=1)
 
     @model_validator(mode="after")
-    def _value_for_contains(self) -> KnownAnswer:
-        if (self.expect == "contains") != (self.value is not None):
-            raise ValueError("`value` is required for expect 'contains' and only for it")
+    def _fields_for_kind(self) -> KnownAnswer:
+        if (self.expect in ("contains", "number")) != (self.value is not None):
+            raise ValueError("`value` is required for expect 'contains' and 'number', and only for them")
+        if self.expect == "contains" and not isinstance(self.value, str):
+            raise ValueError(f"expect 'contains': `value` must be a string, found {self.value!r}")
+        if self.expect == "number":
+            from decimal import Decimal, InvalidOperation
+
+            try:
+                Decimal(str(self.value).replace(",", ""))
+            except InvalidOperation:
+                raise ValueError(f"expect 'number': `value` must be a number, found {self.value!r}") from None
+        if (self.expect == "python_function") != (self.function is not None or bool(self.tests)):
+            raise ValueError("`function` and `tests` are for expect 'python_function', and only for it")
+        if self.expect == "python_function" and (not self.function or not self.tests):
+            raise ValueError("expect 'python_function' needs `function` (its name) and at least one of `tests`")
         return self
 
 
@@ -475,6 +510,65 @@ class SmokePrompts(_Strict):
     known_answers: list[KnownAnswer] = Field(min_length=1)
     free_form: list[str] = Field(min_length=1, description="chat prompts whose answers the detectors read")
     acceptance: list[str] = Field(min_length=1, description="raw completion prompts measured for acceptance")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> SmokePrompts:
+        names = [a.name for a in self.known_answers]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"known_answers: each name once (answers are reported by name), found {twice} twice")
+        return self
+
+
+class Accuracy(_Strict):
+    """The share of known answers a healthy stack gets right, below which the gate fails. Measured on
+    healthy runs of the profile's own stack (a small model gets some wrong), or unresolved until the
+    first healthy deploy measures it: then the accuracy is reported and recorded with the golden
+    transcript, and no floor is applied."""
+
+    min: Pin = Field(description="a fraction in [0, 1]")
+    source: str = Field(min_length=3)
+
+    @model_validator(mode="after")
+    def _fraction(self) -> Accuracy:
+        value = self.min.value
+        if self.min.resolved and not (
+            isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
+        ):
+            raise ValueError(f"accuracy.min: expected a fraction between 0 and 1, found {value!r}")
+        return self
+
+
+class Lossless(_Strict):
+    """Greedy speculative decoding must emit exactly the target's own greedy tokens: each greedy
+    answer is re-scored by a fresh prefill of prompt + answer (on token ids) and every generated token
+    must be the target's top choice, or within `max_logprob_gap` nats of it (a near-tie: batching and
+    kernel numerics flip those). Unresolved until a healthy deploy measures it: then any token that is
+    not the top choice makes the stage inconclusive, naming it."""
+
+    enabled: bool = True
+    max_logprob_gap: Pin = Field(description="nats a generated token may sit below the top choice (a near-tie)")
+
+    @model_validator(mode="after")
+    def _gap(self) -> Lossless:
+        value = self.max_logprob_gap.value
+        if self.max_logprob_gap.resolved and not (
+            isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+        ):
+            raise ValueError(f"lossless.max_logprob_gap: expected a number of nats >= 0, found {value!r}")
+        return self
+
+
+class Gsm8k(_Strict):
+    """A subset of GSM8K's test set (openai/grade-school-math, MIT) asked as known answers with a final
+    number: the GPU profiles' accuracy check (vLLM's and SGLang's CI judge speculative decoding on it)."""
+
+    file: str = Field(pattern=r"^[\w.-]+\.jsonl$", description="a file under profiles/data/")
+    sha256: DigestPin
+    questions: int = Field(ge=1, description="how many of the file's questions are asked (the first N)")
+    max_tokens: int = Field(512, ge=16)
+    accuracy: Accuracy
+    source: str = Field(min_length=3)
 
 
 class Agreement(_Strict):
@@ -518,6 +612,21 @@ class SmokeSpec(_Strict):
         None, description="needed when concurrency > 1: the prefix agreement floor with the concurrency-1 outputs"
     )
     long_context: LongContextProbe | None = None
+    accuracy: Accuracy = Field(description="the known answers' floor (share right)")
+    lossless: Lossless
+    prefix_cache_prompts: int = Field(
+        4,
+        ge=0,
+        description="known-answer prompts asked again from a proven prefix-cache hit and from a fresh "
+        "prefill (0: the check is off); skipped where the engine serves without prefix caching",
+    )
+    default_sampling: Literal["engine", "model"] = Field(
+        "engine",
+        description="the default sampling parameters requests that set none get: the engine's own (checked: a "
+        "startup log saying a generation config overrode them fails identity) or the model's generation config "
+        "(not checked)",
+    )
+    gsm8k: Gsm8k | None = None
     golden_prefix_tokens: int = 32
     golden_match_fraction_min: float = Field(0.8, ge=0, le=1)
     max_requests: int = Field(64, ge=1)

@@ -43,7 +43,7 @@ from specdeploy.core.keeper import (
 )
 from specdeploy.engine import secret
 from specdeploy.profile import load_profile
-from specdeploy.smoke import stages as smoke
+from specdeploy.smoke import run as smoke
 
 OUTCOME = "restore.json"  # <state>/runs/<run-id>/restore.json: what `rollback restore|recover` did
 SYSTEMCTL_TIMEOUT_S = 300  # a stop or restart that takes longer is reported, not waited on forever

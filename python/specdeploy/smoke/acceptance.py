@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,19 @@ class Sample:
     accepted_per_pos: tuple[float, ...] = ()
     requests: int = 1
 
+    def minus(self, earlier: Sample) -> Sample:
+        """What the counters moved by since `earlier` (totals read before and after)."""
+        width = max(len(self.accepted_per_pos), len(earlier.accepted_per_pos))
+        now = self.accepted_per_pos + (0.0,) * (width - len(self.accepted_per_pos))
+        then = earlier.accepted_per_pos + (0.0,) * (width - len(earlier.accepted_per_pos))
+        return Sample(
+            self.drafts - earlier.drafts,
+            self.draft_tokens - earlier.draft_tokens,
+            self.accepted - earlier.accepted,
+            tuple(a - b for a, b in zip(now, then, strict=True)),
+            self.requests - earlier.requests,
+        )
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -35,6 +49,22 @@ class Estimate:
     per_position: tuple[float, ...]
     drafts: float
     samples: int
+
+
+# At or below this acceptance length speculation does nothing (1.0: one token per verify step).
+INACTIVE = 1.05
+
+
+def acceptance_length(drafts: Any, accepted: Any) -> Any:
+    """vLLM's formula (v1/spec_decode/metrics.py), the one place this package computes it: every verify
+    step emits its accepted drafts plus one token of the target's own. Numbers or numpy arrays (of
+    drafts > 0)."""
+    return 1.0 + accepted / drafts
+
+
+def mean_acceptance_length(drafts: float, accepted: float) -> float | None:
+    """The mean acceptance length of counter totals or deltas; None without a draft."""
+    return float(acceptance_length(drafts, accepted)) if drafts > 0 else None
 
 
 class Decision(StrEnum):
@@ -51,12 +81,12 @@ def estimate(samples: list[Sample], *, resamples: int = 2000, seed: int = 0) -> 
     total_drafts = drafts.sum()
     if total_drafts <= 0:
         return Estimate(1.0, 1.0, 1.0, 0.0, (), 0.0, len(samples))
-    point = 1.0 + accepted.sum() / total_drafts
+    point = float(mean_acceptance_length(total_drafts, accepted.sum()))
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(samples), size=(resamples, len(samples)))
     d = drafts[idx].sum(axis=1)
     a = accepted[idx].sum(axis=1)
-    boot = 1.0 + a[d > 0] / d[d > 0]
+    boot = acceptance_length(d[d > 0], a[d > 0])
     low, high = np.percentile(boot, [2.5, 97.5]) if boot.size else (point, point)
     width = max((len(s.accepted_per_pos) for s in samples), default=0)
     per_pos = np.zeros(width)

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from specdeploy.profile import Profile
 from specdeploy.smoke import metrics, responses
 from specdeploy.smoke.acceptance import Sample
 from specdeploy.smoke.responses import (
@@ -25,12 +26,13 @@ from specdeploy.smoke.responses import (
     EngineError,
     EngineResponseError,
     EngineUnavailable,
+    Scored,
     ServedSpeculation,
     describe_http_error,
     snippet,
 )
 
-__all__ = ["Completion", "EngineError", "EngineResponseError", "EngineUnavailable", "client_for"]
+__all__ = ["Completion", "EngineError", "EngineResponseError", "EngineUnavailable", "Scored", "client_for"]
 
 HEALTH_TIMEOUT_S = 5.0  # one readiness probe; the readiness stage never waits past its own deadline
 
@@ -179,17 +181,43 @@ class EngineClient:
         kwargs = {"timeout": timeout} if timeout is not None else {}
         return responses.parse_models(self._json("GET", "/v1/models", **kwargs), f"GET {self.base_url}/v1/models")
 
-    def chat(self, prompt: str, *, max_tokens: int, template_kwargs: dict[str, Any] | None = None) -> Completion:
+    def chat(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        template_kwargs: dict[str, Any] | None = None,
+        sampling_defaults: bool = False,
+        cache_salt: str | None = None,
+    ) -> Completion:
+        """One chat answer, greedy (temperature 0) unless `sampling_defaults` (no sampling parameter at
+        all: what the server's defaults give), with the prompt's and the answer's token ids. A
+        `cache_salt` keeps the request out of every cached prefix: a fresh prefill."""
         body: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens,
-            "temperature": 0,
+            **self.CHAT_TOKEN_IDS,
         }
+        if not sampling_defaults:
+            body["temperature"] = 0
         if template_kwargs:
             body["chat_template_kwargs"] = template_kwargs
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
         data = self._json("POST", "/v1/chat/completions", json=body)
         return responses.parse_chat(data, f"POST {self.base_url}/v1/chat/completions")
+
+    def served_max_model_len(self) -> int | None:
+        """The context length /v1/models reports for the served model (vLLM and SGLang model cards
+        carry `max_model_len`), or None where it does not say."""
+        what = f"GET {self.base_url}/v1/models"
+        body = responses.expect_object(self._json("GET", "/v1/models"), what)
+        for entry in body.get("data") or []:
+            if isinstance(entry, dict) and entry.get("id") == self.model:
+                value = entry.get("max_model_len")
+                return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+        return None
 
     def stream_completion(self, prompt: str, *, max_tokens: int, min_tokens: int = 16) -> Throughput:
         """Time to first token and decode rate of one streamed completion (concurrency 1).
@@ -259,8 +287,65 @@ class EngineClient:
     def acceptance_wave(self, prompts: list[str], *, max_tokens: int) -> Wave:
         raise NotImplementedError
 
+    # What a chat request adds to get the prompt's and the answer's token ids back.
+    CHAT_TOKEN_IDS: dict[str, Any] = {}
+
+    def rescore(self, prompt_ids: list[int], answer_ids: list[int]) -> list[Scored]:
+        """Each answer token as a fresh prefill of the prompt and the answer before it scores it."""
+        raise NotImplementedError
+
+    def speculation_counters(self) -> Sample | None:
+        """The speculative counters' totals now, or None where the engine exports none."""
+        return None
+
+    def prefix_cache_hits(self) -> float | None:
+        """Prompt tokens served from the prefix cache so far (a counter), or None where not exported."""
+        return None
+
+    def prefix_caching_off(self, profile: Profile) -> str | None:
+        """Why the profile serves without prefix caching (the flag that turns it off), or None."""
+        raise NotImplementedError
+
 
 class VLLMClient(EngineClient):
+    CHAT_TOKEN_IDS = {"return_token_ids": True}  # vLLM 0.10.2 and later
+
+    def rescore(self, prompt_ids: list[int], answer_ids: list[int]) -> list[Scored]:
+        """`prompt_logprobs` of prompt + answer, one token generated: a request with prompt logprobs
+        skips reading the prefix cache (vLLM's sampling_params.py), so this is a fresh prefill."""
+        ids = prompt_ids + answer_ids
+        body = {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2}
+        what = f"POST {self.base_url}/v1/completions (prompt_logprobs)"
+        return responses.parse_prompt_logprobs(
+            self._json("POST", "/v1/completions", json=body), ids, len(prompt_ids), what
+        )
+
+    def speculation_counters(self) -> Sample | None:
+        samples = self._counters()
+        if not any(name.startswith(metrics.SPEC_PREFIX) for name in samples):
+            return Sample(0.0, 0.0, 0.0)
+        positions = sorted(_positions(self.base_url, samples), key=int)
+        per_pos = tuple(samples[metrics.ACCEPTED_PER_POS].get((("position", p),), 0.0) for p in positions)
+        return Sample(
+            metrics.total(samples, metrics.DRAFTS),
+            metrics.total(samples, metrics.DRAFT_TOKENS),
+            metrics.total(samples, metrics.ACCEPTED),
+            per_pos,
+            int(metrics.total(samples, metrics.REQUESTS_FINISHED)),
+        )
+
+    def prefix_cache_hits(self) -> float | None:
+        samples = self._counters()
+        return metrics.total(samples, metrics.PREFIX_CACHE_HITS) if metrics.PREFIX_CACHE_HITS in samples else None
+
+    def prefix_caching_off(self, profile: Profile) -> str | None:
+        serve = profile.engine.serve
+        if serve.enable_prefix_caching is False:
+            return "engine.serve.enable_prefix_caching: false"
+        if "--no-enable-prefix-caching" in serve.extra_args:
+            return "--no-enable-prefix-caching in engine.serve.extra_args"
+        return None
+
     def identity(self) -> Identity:
         response = self._request("GET", "/version")
         if response.status_code == 404:
@@ -377,6 +462,32 @@ def _positions(base_url: str, samples: metrics.Samples) -> set[str]:
 
 
 class SGLangClient(EngineClient):
+    # SGLang 0.5.19's chat: token ids only when asked, non-streamed; meta_info carries cached_tokens
+    # (docs/sources.md#lossless; unverified live)
+    CHAT_TOKEN_IDS = {"return_token_ids": True, "return_prompt_token_ids": True, "return_meta_info": True}
+
+    def rescore(self, prompt_ids: list[int], answer_ids: list[int]) -> list[Scored]:
+        """/generate's input logprobs from position 0: with `logprob_start_len` 0 no cached prefix is
+        reused, a fresh prefill (SGLang's schedule_batch `_compute_max_prefix_len`; unverified live)."""
+        ids = prompt_ids + answer_ids
+        body = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 2,
+            "return_text_in_logprobs": True,
+        }
+        what = f"POST {self.base_url}/generate (input logprobs)"
+        return responses.parse_input_logprobs(self._json("POST", "/generate", json=body), ids, len(prompt_ids), what)
+
+    def prefix_caching_off(self, profile: Profile) -> str | None:
+        return (
+            "--disable-radix-cache in engine.serve.extra_args"
+            if "--disable-radix-cache" in profile.engine.serve.extra_args
+            else None
+        )
+
     def _server_info(self) -> tuple[Any, str] | None:
         for path in ("/server_info", "/get_server_info"):
             response = self._request("GET", path)

@@ -25,6 +25,7 @@ REQUESTS_FINISHED = "vllm:request_success_total"
 DECODE_TIME_SUM = "vllm:request_decode_time_seconds_sum"
 GENERATION_TOKENS_SUM = "vllm:request_generation_tokens_sum"
 SPEC_PREFIX = "vllm:spec_decode_"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"  # prompt tokens served from the prefix cache
 
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
 

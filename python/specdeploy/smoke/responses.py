@@ -54,6 +54,31 @@ class Completion:
     finish_reason: str | None
     completion_tokens: int
     prompt_tokens: int | None = None  # where the answer reports it (usage / meta_info)
+    # the prompt as the server rendered and tokenized it, and the generated tokens (return_token_ids)
+    prompt_ids: tuple[int, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache, where reported
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One generated token as a fresh prefill of its prompt and the answer before it scores it: its
+    logprob and rank, the target's top choice there, and (for a token that is the top choice) its
+    margin over the runner-up, which tells how close the position came to a tie."""
+
+    token_id: int
+    text: str
+    logprob: float
+    rank: int
+    top_id: int
+    top_text: str
+    top_logprob: float
+    margin: float | None = None
+
+    @property
+    def gap(self) -> float:
+        """Nats the generated token sits below the top choice (0 when it is the top choice)."""
+        return max(0.0, self.top_logprob - self.logprob) if self.rank != 1 else 0.0
 
 
 def snippet(text: str | bytes, limit: int = 160) -> str:
@@ -163,18 +188,132 @@ def parse_models(data: Any, what: str = "GET /v1/models") -> list[str]:
     return ids
 
 
+def token_ids(obj: dict[str, Any], key: str, what: str) -> tuple[int, ...] | None:
+    """A list of token ids (whole numbers >= 0) at obj[key]; None when absent or null."""
+    value = _field(obj, key, what, list, optional=True)
+    if value is None:
+        return None
+    for n, item in enumerate(value):
+        if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+            raise EngineResponseError(
+                f"{what}: field {key!r}[{n}]: expected a token id (a whole number >= 0), found {_kind(item)}"
+            )
+    return tuple(value)
+
+
 def parse_chat(data: Any, what: str = "POST /v1/chat/completions") -> Completion:
-    """The first choice of a chat completion: its text, finish reason and completion tokens."""
+    """The first choice of a chat completion: its text, finish reason and completion tokens, and where
+    the server returned them (vLLM and SGLang `return_token_ids`) the prompt's and the answer's token
+    ids: vLLM puts the prompt's at the top level, SGLang in the choice; SGLang 0.5.19 names the answer's
+    `response_token_ids`, later versions `token_ids` (docs/sources.md#lossless)."""
+    body = expect_object(data, what)
+    choices = _field(body, "choices", what, list)
+    if not choices:
+        raise EngineResponseError(f"{what}: field 'choices': expected at least one choice, found an empty list")
+    where = f"{what}: choices[0]"
+    choice = expect_object(choices[0], where)
+    message = expect_object(_field(choice, "message", where, dict), f"{where}.message")
+    content = _field(message, "content", f"{where}.message", str, optional=True)
+    reason = _field(choice, "finish_reason", where, str, optional=True)
+    usage = _field(body, "usage", what, dict, optional=True) or {}
+    prompt_ids = token_ids(body, "prompt_token_ids", what) or token_ids(choice, "prompt_token_ids", where)
+    answer_ids = token_ids(choice, "token_ids", where) or token_ids(choice, "response_token_ids", where)
+    meta = _field(choice, "meta_info", where, dict, optional=True) or {}
+    details = _field(usage, "prompt_tokens_details", f"{what}: usage", dict, optional=True) or {}
+    cached = meta.get("cached_tokens", details.get("cached_tokens"))
+    return Completion(
+        content or "",
+        reason,
+        _count(usage, "completion_tokens", f"{what}: usage", default=0),
+        prompt_ids=prompt_ids,
+        token_ids=answer_ids,
+        cached_tokens=cached if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0 else None,
+    )
+
+
+def _logprob(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise EngineResponseError(f"{what}: expected a logprob (a number), found {_kind(value)}")
+    number = float(value)
+    if math.isnan(number) or number > 0:
+        raise EngineResponseError(f"{what}: expected a logprob (a number <= 0), found {_number_text(value)}")
+    return number
+
+
+def parse_prompt_logprobs(data: Any, ids: list[int], start: int, what: str) -> list[Scored]:
+    """vLLM's `prompt_logprobs` of a completion over `ids`, for the positions from `start` on: each
+    position's entry maps token ids (as strings) to {logprob, rank, decoded_token}, and holds the
+    position's own token and the top choices asked for (the first position's entry is null)."""
     body = expect_object(data, what)
     choices = _field(body, "choices", what, list)
     if not choices:
         raise EngineResponseError(f"{what}: field 'choices': expected at least one choice, found an empty list")
     choice = expect_object(choices[0], f"{what}: choices[0]")
-    message = expect_object(_field(choice, "message", f"{what}: choices[0]", dict), f"{what}: choices[0].message")
-    content = _field(message, "content", f"{what}: choices[0].message", str, optional=True)
-    reason = _field(choice, "finish_reason", f"{what}: choices[0]", str, optional=True)
-    usage = _field(body, "usage", what, dict, optional=True) or {}
-    return Completion(content or "", reason, _count(usage, "completion_tokens", f"{what}: usage", default=0))
+    entries = _field(choice, "prompt_logprobs", f"{what}: choices[0]", list, optional=True)
+    if entries is None:
+        entries = _field(body, "prompt_logprobs", what, list)
+    if len(entries) != len(ids):
+        raise EngineResponseError(
+            f"{what}: prompt_logprobs has {len(entries)} entries for a prompt of {len(ids)} tokens: expected one each"
+        )
+    scored = []
+    for i in range(start, len(ids)):
+        where = f"{what}: prompt_logprobs[{i}]"
+        entry = expect_object(entries[i], where)
+        ranked = {}
+        for key, value in entry.items():
+            item = expect_object(value, f"{where}[{key!r}]")
+            rank = _count(item, "rank", f"{where}[{key!r}]")
+            text = item.get("decoded_token")
+            ranked[key] = (
+                rank,
+                _logprob(item.get("logprob"), f"{where}[{key!r}].logprob"),
+                text if isinstance(text, str) else "",
+            )
+        own = ranked.get(str(ids[i]))
+        top = next(((k, v) for k, v in ranked.items() if v[0] == 1), None)
+        if own is None or top is None or not top[0].isdigit():
+            raise EngineResponseError(
+                f"{where}: expected the position's own token {ids[i]} and the top choice (rank 1), "
+                f"found {sorted(ranked)[:4]}"
+            )
+        second = next((v for v in ranked.values() if v[0] == 2), None)
+        margin = own[1] - second[1] if own[0] == 1 and second is not None else None
+        scored.append(Scored(ids[i], own[2], own[1], own[0], int(top[0]), top[1][2], top[1][1], margin))
+    return scored
+
+
+def parse_input_logprobs(data: Any, ids: list[int], start: int, what: str) -> list[Scored]:
+    """SGLang's /generate `meta_info.input_token_logprobs` and `input_top_logprobs` asked from position
+    0: entry k is [logprob, token id, text] of ids[k] given ids[:k] (entry 0 is null), and its top
+    choices, best first (shapes from SGLang's own tests: docs/sources.md#lossless; unverified live)."""
+    body = expect_object(data, what)
+    meta = expect_object(_field(body, "meta_info", what, dict), f"{what}: meta_info")
+    own = _field(meta, "input_token_logprobs", f"{what}: meta_info", list)
+    tops = _field(meta, "input_top_logprobs", f"{what}: meta_info", list)
+    if len(own) != len(ids) or len(tops) != len(ids):
+        raise EngineResponseError(
+            f"{what}: meta_info: {len(own)} input_token_logprobs and {len(tops)} input_top_logprobs for "
+            f"{len(ids)} tokens: expected one each (asked with logprob_start_len 0)"
+        )
+
+    def triple(value: Any, where: str) -> tuple[float, int, str]:
+        if not isinstance(value, list) or len(value) < 2 or not isinstance(value[1], int):
+            raise EngineResponseError(f"{where}: expected [logprob, token id, text], found {_kind(value)}")
+        return _logprob(value[0], where), value[1], value[2] if len(value) > 2 and isinstance(value[2], str) else ""
+
+    scored = []
+    for i in range(start, len(ids)):
+        lp, tid, text = triple(own[i], f"{what}: input_token_logprobs[{i}]")
+        if tid != ids[i]:
+            raise EngineResponseError(f"{what}: input_token_logprobs[{i}] scores token {tid}, expected {ids[i]}")
+        choices = [triple(t, f"{what}: input_top_logprobs[{i}]") for t in (tops[i] or [])]
+        if not choices:
+            raise EngineResponseError(f"{what}: input_top_logprobs[{i}]: expected the top choices, found none")
+        rank = next((n + 1 for n, c in enumerate(choices) if c[1] == tid), len(choices) + 1)
+        margin = choices[0][0] - choices[1][0] if rank == 1 and len(choices) > 1 else None
+        scored.append(Scored(tid, text, lp, rank, choices[0][1], choices[0][2], choices[0][0], margin))
+    return scored
 
 
 def parse_completion(data: Any, what: str = "POST /v1/completions") -> Completion:

@@ -26,7 +26,7 @@ from typing import Any
 
 from specdeploy.core import atomic, files
 from specdeploy.core.errors import InputFileError
-from specdeploy.smoke import metrics
+from specdeploy.smoke import acceptance, metrics
 from specdeploy.smoke.responses import EngineResponseError
 
 # What a snapshot keeps, by its name in the file, and the vLLM counter it is read from.
@@ -119,7 +119,7 @@ class Interval:
     @property
     def mean_acceptance_length(self) -> float | None:
         """vLLM's formula, 1 + accepted / drafts; None without a draft."""
-        return 1.0 + self.accepted / self.drafts if self.drafts > 0 else None
+        return acceptance.mean_acceptance_length(self.drafts, self.accepted)
 
     @property
     def per_position_rates(self) -> list[float]:

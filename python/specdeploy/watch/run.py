@@ -4,8 +4,8 @@ Lighter than the deploy's gate and never acting on the stack: readiness (a short
 smoke's identity stage (the served engine and version, and the speculative setup: k from the
 engine's per-position counters, and on vLLM the method from the unit's startup log, its journal
 since the current start; SGLang's both from its server info), the profile's known answers read by
-the smoke's answer checks and degeneracy detectors
-(smoke.stages.check_answer, smoke.coherence.detect), and acceptance over the interval since the
+the smoke's answer checks against the profile's accuracy floor and its degeneracy detectors
+(smoke.answers, smoke.checks.accuracy, smoke.coherence), and acceptance over the interval since the
 previous light gate from the engine's own counters (watch.counters; SGLang exports none, so
 there one wave of the profile's acceptance prompts is measured per request, as the smoke does).
 
@@ -30,42 +30,22 @@ import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specdeploy.core import atomic, files, keeper, layout
-from specdeploy.core.errors import EXIT_INTERRUPTED, InputFileError, SpecdeployError, UsageError, WriteError
+from specdeploy.core.errors import InputFileError, SpecdeployError, UsageError, WriteError
+from specdeploy.core.verdicts import EXIT_CODES, Interrupted, Stage, Verdict, sigterm_interrupts
 from specdeploy.engine import secret, startup_log
 from specdeploy.host import command
 from specdeploy.profile import Profile, load_profile
-from specdeploy.smoke import coherence, metrics
-from specdeploy.smoke import stages as smoke
+from specdeploy.smoke import answers, metrics
+from specdeploy.smoke import run as smoke
+from specdeploy.smoke.checks import accuracy, coherence, identity, readiness
 from specdeploy.smoke.responses import EngineResponseError, EngineUnavailable
 from specdeploy.watch import counters, hook, textfile
 
-Status = smoke.Status
-Stage = smoke.Stage
-
-
-class Verdict(StrEnum):
-    running = "running"
-    passed = "pass"
-    failed = "fail"
-    error = "error"
-    skipped = "skipped"
-    interrupted = "interrupted"
-
-
-EXIT_CODES = {
-    Verdict.passed: 0,
-    Verdict.failed: 1,
-    Verdict.error: 2,
-    Verdict.skipped: 0,
-    Verdict.interrupted: EXIT_INTERRUPTED,
-    Verdict.running: EXIT_INTERRUPTED,
-}
 # The verdicts the hook is called for.
 HOOKED = (Verdict.failed, Verdict.error)
 SYSTEMCTL_TIMEOUT_S = 10
@@ -143,7 +123,7 @@ class WatchResult:
             "exit_code": self.exit_code,
             "message": self.message,
             "hint": self.hint,
-            "checks": [asdict(c) | {"status": c.status.value} for c in self.checks],
+            "checks": [c.to_json() for c in self.checks],
             "counters": self.counters,
             "interval": self.interval,
             "snapshot_problem": self.snapshot_problem,
@@ -255,28 +235,28 @@ def unit_state(unit: str, systemctl: str = "systemctl") -> dict[str, Any]:
 
 
 def known_answers(profile: Profile, client: Any) -> Stage:
-    """The profile's known-answer prompts, greedy, each answer checked by the smoke's own check
-    and its text by the degeneracy detectors."""
-    answers = profile.smoke.prompts.known_answers
+    """The profile's known-answer prompts, greedy, each answer checked by the smoke's own check (the
+    share right against the profile's accuracy floor) and its text by the degeneracy detectors."""
+    asked = profile.smoke.prompts.known_answers
     kwargs = profile.smoke.chat_template_kwargs
-    wrong: dict[str, str] = {}
     degenerate: dict[str, list[str]] = {}
     outputs: dict[str, str] = {}
-    for answer in answers:
+    results: dict[str, str | None] = {}
+    for answer in asked:
         done = client.chat(answer.prompt, max_tokens=answer.max_tokens, template_kwargs=kwargs)
         outputs[answer.name] = done.text
-        if problem := smoke.check_answer(answer, done.text):
-            wrong[answer.name] = problem
-        if findings := coherence.detect(done.text):
-            degenerate[answer.name] = [f"{f.detector}: {f.detail}" for f in findings]
-    details = {"wrong_answers": wrong, "degenerate": degenerate, "outputs": outputs}
-    if not wrong and not degenerate:
-        return Stage("known answers", Status.passed, f"{len(answers)} known answers right, no degeneracy", details)
-    first = next(iter(wrong.values()), None) or next(iter(degenerate.values()))[0]
+        results[answer.name] = answers.check_answer(answer, done.text)
+        if findings := coherence.degeneracy(done.text):
+            degenerate[answer.name] = findings
+    verdict, summary, found = accuracy.judge(profile.smoke.accuracy, results)
+    details = {"wrong_answers": found["wrong"], "accuracy": found, "degenerate": degenerate, "outputs": outputs}
+    if verdict is Verdict.passed and not degenerate:
+        return Stage("known answers", Verdict.passed, f"{summary}, no degeneracy", details)
+    first = next(iter(degenerate.values()))[0] if degenerate else summary
     return Stage(
         "known answers",
-        Status.failed,
-        f"{len(wrong)} wrong answer(s), {len(degenerate)} degenerate output(s) of {len(answers)}; e.g. {first}",
+        Verdict.failed,
+        f"{summary}; {len(degenerate)} degenerate output(s) of {len(asked)}; e.g. {first}",
         details,
         hint="the engine serves wrong or degenerate text: read its log, and run `specdeploy smoke` for the full "
         "diagnosis; the light gate changes nothing",
@@ -303,17 +283,17 @@ def judge_acceptance(profile: Profile, span: counters.Interval, *, over: str | N
         if span.requests > 0:
             return Stage(
                 "acceptance",
-                Status.failed,
+                Verdict.failed,
                 f"no drafts at all over {span.requests:g} finished request(s) {since}: speculative decoding is not "
                 f"active on this server (profile method {profile.engine.speculative.method!r})",
                 details,
                 hint="check the engine's --speculative-config and its log; the light gate changes nothing",
             )
-        return Stage("acceptance", Status.skipped, f"no request finished {since}: nothing to judge", details)
+        return Stage("acceptance", Verdict.skipped, f"no request finished {since}: nothing to judge", details)
     if span.drafts < need:
         return Stage(
             "acceptance",
-            Status.skipped,
+            Verdict.skipped,
             f"mean acceptance length {mean:.2f} over only {span.drafts:g} drafts {since} "
             f"(< watch.min_drafts {need}): too little traffic to judge",
             details,
@@ -323,7 +303,7 @@ def judge_acceptance(profile: Profile, span: counters.Interval, *, over: str | N
     if mean < floor:
         return Stage(
             "acceptance",
-            Status.failed,
+            Verdict.failed,
             f"mean acceptance length {mean:.2f} over {span.drafts:g} drafts {since}, below the floor {floor:g}: "
             f"acceptance collapsed{first}",
             details,
@@ -333,7 +313,7 @@ def judge_acceptance(profile: Profile, span: counters.Interval, *, over: str | N
         )
     return Stage(
         "acceptance",
-        Status.passed,
+        Verdict.passed,
         f"mean acceptance length {mean:.2f} over {span.drafts:g} drafts {since} (floor {floor:g}){first}",
         details,
     )
@@ -382,7 +362,7 @@ def _guarded(name: str, check: Callable[[], Stage]) -> Stage:
     try:
         return check()
     except EngineResponseError as exc:
-        return Stage(name, Status.error, f"could not test: {exc.message}", hint=exc.hint)
+        return Stage(name, Verdict.error, f"could not test: {exc.message}", hint=exc.hint)
 
 
 def _judge(result: WatchResult, host: layout.HostLayout, options: WatchOptions) -> None:
@@ -422,35 +402,34 @@ def _judge(result: WatchResult, host: layout.HostLayout, options: WatchOptions) 
     )
     try:
         try:
-            result.checks.append(_guarded("readiness", run.readiness))
-            if result.checks[-1].status is not Status.passed:
+            result.checks.append(_guarded("readiness", lambda: readiness.check(run)))
+            if result.checks[-1].status is not Verdict.passed:
                 return
-            result.checks.append(_guarded("identity", run.identity))
-            if result.checks[-1].status is Status.passed:
+            result.checks.append(_guarded("identity", lambda: identity.check(run)))
+            if result.checks[-1].status is Verdict.passed:
                 result.checks.append(_guarded("known answers", lambda: known_answers(profile, run.client)))
             if profile.engine.kind == "vllm":
                 now = options.clock()
                 result.checks.append(_guarded("acceptance", lambda: _acceptance_vllm(result, profile, host, now)))
-            elif result.checks[-1].status is Status.passed:
+            elif result.checks[-1].status is Verdict.passed:
                 result.checks.append(_guarded("acceptance", lambda: _acceptance_sglang(profile, run.client)))
         except EngineUnavailable as exc:
             result.checks.append(
                 Stage(
                     "server",
-                    Status.error,
+                    Verdict.error,
                     f"the server stopped answering: {exc.message}",
                     hint=f"read the engine log (journalctl -u {options.unit})",
                 )
             )
     finally:
-        if run._client is not None:
-            run._client.close()
+        run.close()
 
 
 def _conclude(result: WatchResult) -> None:
     statuses = [c.status for c in result.checks]
-    failed = [c for c in result.checks if c.status is Status.failed]
-    errors = [c for c in result.checks if c.status is Status.error]
+    failed = [c for c in result.checks if c.status is Verdict.failed]
+    errors = [c for c in result.checks if c.status is Verdict.error]
     if failed:
         result.verdict = Verdict.failed
         result.message = "; ".join(f"{c.name}: {c.summary}" for c in failed)
@@ -481,11 +460,11 @@ def run_watch(host: layout.HostLayout, options: WatchOptions | None = None) -> W
         result.config = options.config.to_json()
         _write(host, result)
         try:
-            with smoke.sigterm_interrupts():
+            with sigterm_interrupts():
                 _judge(result, host, options)
                 if result.verdict is Verdict.running:
                     _conclude(result)
-        except (smoke.Interrupted, KeyboardInterrupt) as exc:
+        except (Interrupted, KeyboardInterrupt) as exc:
             result.verdict = Verdict.interrupted
             result.message = f"interrupted ({exc or 'SIGINT'}) before a verdict; the hook was not called"
         except SpecdeployError as exc:  # no profile, a bad one, an unreadable key: could not test (exit 2)
