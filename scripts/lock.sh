@@ -4,7 +4,7 @@
 # wheel folder ($SPECDEPLOY_LOCAL_WHEELS, default /opt/wheels: uv ignores pip's configuration).
 # Needs PyPI. Review the diff and commit it; every install then uses the new lock.
 #
-#   scripts/lock.sh [NAME...]    default: every environment (dev host-cli engine-* hub-olah)
+#   scripts/lock.sh [NAME...]    default: every environment (dev host-cli engine-* hub-olah fixture-smollm2)
 #
 # uv is installed from the dev lock's own pin with its hashes into a small cached venv, so this
 # works while the other pins of the dev lock are stale (the point of running it).

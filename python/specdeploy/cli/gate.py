@@ -24,6 +24,10 @@ def print_gate(report: dict[str, Any]) -> None:
     if report.get("smoke"):
         print_smoke(report["smoke"])
     table = Table("step", "result", "summary", title=f"gate {report['profile']} run {report['run_id']}")
+    served = report.get("served_config")
+    if served is not None:
+        result = "skipped" if served.get("skipped") else ("ok" if served["ok"] else "fail")
+        table.add_row(*output.cells("served config", output.status(result), served["message"]))
     startup = report.get("startup_log")
     if startup is not None:
         result = "skipped" if startup.get("skipped") else ("ok" if startup["ok"] else "fail")

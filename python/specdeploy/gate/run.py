@@ -1,6 +1,7 @@
 """The deploy's gate: `specdeploy gate` decides whether a freshly deployed stack may serve.
 
-One command, one report, one exit code: the startup-log check (a DFlash drafter must be
+One command, one report, one exit code: the served drafter config (the serving directory's
+config.json verified again, as the engine reads it), the startup-log check (a DFlash drafter must be
 wired to the layers the profile says), the smoke checks, and — when either fails — the
 rollback, which restores what this run replaced and proves the previous stack serves. The
 Ansible role is a thin call to it; nothing in YAML parses an outcome.
@@ -38,10 +39,12 @@ from typing import Any
 from specdeploy.core import atomic, files, keeper, layout
 from specdeploy.core.errors import EXIT_INTERNAL, SpecdeployError, UsageError, WriteError
 from specdeploy.core.verdicts import EXIT_CODES, Interrupted, Verdict, sigterm_interrupts
+from specdeploy.drafter import verify
 from specdeploy.engine import secret, startup_log
 from specdeploy.gate import golden
 from specdeploy.images import prune as image_prune
 from specdeploy.profile import Profile, load_profile
+from specdeploy.profile.lock import Lock
 from specdeploy.rollback import restore
 from specdeploy.smoke import run as smoke
 from specdeploy.smoke.clients import endpoint_problem
@@ -83,6 +86,8 @@ class GateReport:
     # how the engine's unit was found before anything was asked (startup_log.wait_settled): "settled",
     # or still changing at the deadline; None when the gate was not run against the host's own unit
     unit_settled: str | None = None
+    # the serving directory's drafter config.json, verified again as the engine serves it (gate step 2)
+    served_config: dict[str, Any] | None = None
     startup_log: dict[str, Any] | None = None
     smoke: dict[str, Any] | None = None
     rollback: dict[str, Any] | None = None
@@ -129,6 +134,7 @@ class GateReport:
             "exit_code": self.exit_code,
             "message": self.message,
             "unit_settled": self.unit_settled,
+            "served_config": self.served_config,
             "startup_log": self.startup_log,
             "smoke": self.smoke,
             "rollback": self.rollback,
@@ -212,6 +218,38 @@ def _check_startup_log(profile: Profile, options: GateOptions, endpoint: str, lo
         "message": check.message,
         "runner": check.runner,
     }
+
+
+def _check_served_config(profile: Profile, host: layout.HostLayout) -> dict[str, Any]:
+    """The drafter's config.json as the engine serves it (the serving directory), verified again against
+    the profile and the canonical sha256 the lock recorded when write-config verified it.
+
+    Failure prevented: the field's corrected config.json silently failed to land, and a field changed by
+    hand after write-config wrote the file is served until someone reads the logs; the drafter_config
+    stage checks the file before the engine starts, this checks what the started engine reads."""
+    if profile.drafter is None or profile.drafter.config is None:
+        return {"ok": True, "skipped": True, "message": "no drafter config to check (the profile pins none)"}
+    path = host.drafter_serving / verify.CONFIG_NAME
+    if not path.exists():
+        return {"ok": True, "skipped": True, "message": f"no {path} (the engine is not served from this layout)"}
+    try:
+        checked = verify.verify(path, profile, lock=Lock(host.lock) if host.lock.is_file() else None)
+    except SpecdeployError as exc:
+        return {"ok": False, "skipped": False, "path": str(path), "message": f"{path}: {exc.message}"}
+    failures = [
+        {"field": c.field, "expected": c.expected, "found": c.found, "consequence": c.consequence}
+        for c in checked.failures
+    ]
+    if not failures:
+        message = f"{path} verifies (canonical sha256 {checked.canonical_sha256[:12]}, as write-config recorded it)"
+        return {"ok": True, "skipped": False, "path": str(path), "message": message}
+    first = failures[0]
+    message = (
+        f"{path}, as the engine serves it, does not verify: {', '.join(f['field'] for f in failures)}; "
+        f"first: {first['field']} expected {first['expected']}, found {first['found']} ({first['consequence']}) — "
+        "a file changed after write-config verified it: re-run the deploy's drafter_config stage, never edit it"
+    )
+    return {"ok": False, "skipped": False, "path": str(path), "message": message, "failures": failures}
 
 
 def _mark_verified(report: GateReport, host: layout.HostLayout) -> None:
@@ -338,6 +376,7 @@ def _gate(
             startup_log.wait_settled(options.unit, options.readiness_timeout_s or profile.smoke.readiness_timeout_s)
             or "settled"
         )
+    report.served_config = _check_served_config(profile, host)
     if problem := endpoint_problem(report.endpoint):  # the smoke's readiness says why, at once
         report.startup_log = {"ok": True, "skipped": True, "message": f"not checked: the endpoint {problem}"}
     else:
@@ -348,7 +387,7 @@ def _gate(
     known = golden.path(host, identity_key)
     recorded = report.directory / golden.RECORDED
     report.golden = {"key": identity_key, "identity": identity}
-    if report.startup_log["ok"]:
+    if report.startup_log["ok"] and report.served_config["ok"]:
         smoke_options = smoke.SmokeOptions(
             api_key=options.api_key,
             show_progress=options.show_progress,
@@ -386,11 +425,12 @@ def _gate(
         return
     report.verdict = verdict
     report.write()
-    what = (
-        f"smoke verdict {report.verdict.value}"
-        if report.smoke is not None
-        else f"startup log: {report.startup_log['message']}"
-    )
+    if report.smoke is not None:
+        what = f"smoke verdict {report.verdict.value}"
+    elif not report.served_config["ok"]:
+        what = f"served config: {report.served_config['message']}"
+    else:
+        what = f"startup log: {report.startup_log['message']}"
     if not options.rollback:
         report.message = f"{what}; rollback disabled (--no-rollback): the failing stack stays in place"
         return

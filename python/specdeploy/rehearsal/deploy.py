@@ -1,5 +1,7 @@
 """The main job: `ansible-playbook deploy.yml -l rehearsal` against a disposable systemd host,
-on the production path (profile cpu-rehearsal-container).
+on the production path, serving the real model (profile cpu-rehearsal-smollm2: SmolLM2-135M-Instruct
+and its 4-bit drafter, rehearsal.real_model; the container and migration chains' tests deploy the tiny
+fixtures under cpu-rehearsal-container the same way).
 
 Everything the play needs from the controller is prepared here and cached: a wheelhouse
 (the host installs exactly it, offline, for its own Python), the engine image's local base as
@@ -41,7 +43,7 @@ from specdeploy.weights.fetch import models_of
 ROOT = Path(__file__).resolve().parents[3]
 HOST_NAME = "specdeploy-rehearsal"
 HOST_SSH_PORT = 2320
-PROFILE = "cpu-rehearsal-container"
+PROFILE = "cpu-rehearsal-smollm2"
 HOST_IP = "10.89.64.20"  # on the hub's test network (specdeploy.rehearsal.hub)
 # Reproducible wheel bytes: an unchanged checkout gives an identical specdeploy wheel, so a
 # re-run copies nothing and reinstalls nothing on the host.
@@ -381,7 +383,7 @@ class MainJob:
 
 
 def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) -> MainJob:
-    """Deploy cpu-rehearsal-container to the disposable host (booted when missing) with its weights
+    """Deploy cpu-rehearsal-smollm2 to the disposable host (booted when missing) with its weights
     from the gated hub, and read this run's gate report. `patch`: deploy a variant of the profile
     instead (benchmarks/rehearsal_deploy.py deploys one whose gate fails, to time a rollback)."""
     from specdeploy.rehearsal import engine_image, hub, registry

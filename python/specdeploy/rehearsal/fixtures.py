@@ -38,7 +38,7 @@ def _key(kind: str, params: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _cached(kind: str, params: dict[str, Any], build: Callable[[Path], None]) -> Path:
+def cached(kind: str, params: dict[str, Any], build: Callable[[Path], None]) -> Path:
     """Build into a temporary sibling and rename into place: concurrent builders are safe."""
     root = cache_dir() / "fixtures"
     root.mkdir(parents=True, exist_ok=True)
@@ -103,7 +103,7 @@ def tokenizer_dir() -> Path:
             json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, indent=2)
         )
 
-    return _cached("tokenizer", params, build)
+    return cached("tokenizer", params, build)
 
 
 def special_token_id(token: str) -> int:
@@ -190,7 +190,7 @@ def _build_qwen3(kind: str, layers: int, hidden: int, vocab: int, seed: int, ste
         "layers": layers, "hidden": hidden, "vocab": vocab, "seed": seed,
         "steps": steps, "lr": TRAIN_LR, "corpus": corpus.fingerprint() if steps else None,
     }  # fmt: skip
-    return _cached(kind, params, lambda out: _qwen3(out, layers, hidden, vocab, seed, steps))
+    return cached(kind, params, lambda out: _qwen3(out, layers, hidden, vocab, seed, steps))
 
 
 def build_target(profile: Profile, *, trained: bool = True, seed: int = 1) -> Path:
@@ -283,7 +283,7 @@ def build_dflash_drafter(profile: Profile, seed: int = 3) -> Path:
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
         (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
-    return _cached("dflash", params, build)
+    return cached("dflash", params, build)
 
 
 # --------------------------------------------------------------------------- hybrid + MTP
@@ -369,4 +369,4 @@ def build_hybrid_mtp_target(profile: Profile, seed: int = 4) -> Path:
         config.save_pretrained(out)
         _copy_tokenizer(out)
 
-    return _cached("hybrid-mtp", params, build)
+    return cached("hybrid-mtp", params, build)

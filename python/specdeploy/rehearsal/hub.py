@@ -40,7 +40,7 @@ from specdeploy.core import envlock
 from specdeploy.core.cache import cache_dir, exclusive
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.profile import load_profile
-from specdeploy.rehearsal import archive, gating, hosts, variants
+from specdeploy.rehearsal import archive, gating, hosts, real_model, variants
 from specdeploy.weights.fetch import models_of
 
 # olah and every dependency as locks/hub-olah.txt pins them (exact versions, each file's sha256).
@@ -115,9 +115,11 @@ def make_repo(mirrors: Path, repo_id: str, files: dict[str, bytes]) -> str:
 
 
 def fixture_repositories() -> dict[str, Path]:
-    """Repository -> fixture directory for the models of the cpu-rehearsal profile (built or reused)."""
+    """Repository -> fixture directory for the models of the cpu-rehearsal profile and the real model
+    with its drafter (cpu-rehearsal-smollm2), built or reused."""
     built = archive.repositories(archive.build_all())
-    return {ref.repo: built[ref.repo] for _, ref in models_of(load_profile(variants.BASE))}
+    tiny = {ref.repo: built[ref.repo] for _, ref in models_of(load_profile(variants.BASE))}
+    return tiny | real_model.repositories()
 
 
 def mirror_fixtures(dest: Path) -> dict[str, str]:

