@@ -2,9 +2,9 @@
 shipped under profiles/data/ and checked against the profile's sha256 before a question is asked.
 
 vLLM's CI (tests/evals/gsm8k) and SGLang's speculative-decoding tests gate on GSM8K accuracy
-(docs/sources.md#lossless): a verifier or a cache that corrupts text costs accuracy there first. Each question is asked as a chat
-prompt with the instruction below; the answer is right when its final number (after `####`, else the
-last one) equals the reference's `#### N`."""
+(docs/sources.md#lossless): a verifier or a cache that corrupts text costs accuracy there first. Each
+question is asked as a chat prompt with the instruction below; the answer is right when its final
+number (after `####`, else the last one) equals the reference's `#### N`."""
 
 from __future__ import annotations
 
