@@ -12,17 +12,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from specdeploy.core.verdicts import Stage, Verdict
-from specdeploy.profile.schema import Accuracy
+from specdeploy.profile.schema import Accuracy, Pin, Provenance
 from specdeploy.smoke import answers
 
 if TYPE_CHECKING:
     from specdeploy.smoke.state import Smoke
 
 NAME = "accuracy"
+# A profile without an accuracy section (written before the floor existed): every answer right.
+EVERY_ANSWER = Accuracy(
+    min=Pin(value=1.0, provenance=Provenance.rehearsal, source="no smoke.accuracy in the profile: every answer"),
+    source="a profile without smoke.accuracy: every known answer must be right",
+)
 
 
-def judge(floor: Accuracy, results: dict[str, str | None]) -> tuple[Verdict, str, dict[str, Any]]:
-    """(verdict, summary, details) for `results` (name -> None when right, else what is wrong)."""
+def judge(floor: Accuracy | None, results: dict[str, str | None]) -> tuple[Verdict, str, dict[str, Any]]:
+    """(verdict, summary, details) for `results` (name -> None when right, else what is wrong). No floor
+    in the profile (`None`): every known answer must be right."""
+    floor = floor or EVERY_ANSWER
     wrong = {name: problem for name, problem in results.items() if problem is not None}
     right = len(results) - len(wrong)
     share = right / len(results) if results else 0.0

@@ -1,4 +1,4 @@
-"""Concurrency: the coherence prompts again, each at least twice, with `smoke.concurrency` requests
+"""Concurrency: the coherence prompts again (at least 2x `smoke.concurrency` requests), with that many
 in flight. Known answers must still be as right as at concurrency 1 and the detectors clean (else
 fail); agreement with the concurrency-1 outputs over the first N tokens below the profile's floor
 alone is inconclusive (batching changes greedy outputs on GPUs). Failure prevented: the field's
@@ -30,7 +30,8 @@ def check(smoke: Smoke) -> Stage:
     jobs: list[tuple[str, str, int, KnownAnswer | None]] = [
         (a.name, a.prompt, a.max_tokens, a) for a in smoke.spec.prompts.known_answers
     ] + [(f"free_form[{i}]", p, smoke.spec.max_tokens, None) for i, p in enumerate(smoke.spec.prompts.free_form)]
-    jobs = jobs * max(2, -(-c // len(jobs)))  # every prompt at least twice, at least c requests
+    # every prompt at least once, and at least 2c requests (each prompt twice where there are few)
+    jobs = jobs * max(1, -(-2 * c // len(jobs)))
     in_flight = peak = 0
     lock = threading.Lock()
 

