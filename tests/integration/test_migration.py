@@ -30,7 +30,9 @@ One chain, each test starting from what the previous left:
 8. a rolling deploy of both hosts (`serial: 1`, a change that restarts each engine) through the
    front under the same load: failed = 0;
 9. `migrate finish --stop-old` after the soak: OLD's engine stopped by decommission.yml, its
-   weights and state kept.
+   weights and state kept;
+10. NEW, serving alone, switched to the main job's profile (cpu-rehearsal-smollm2: the real model and its
+   drafter, the gated hub, the same play): CI's one deploy of the real model and its gate.
 Traffic stays on the test hosts' own network and the controller's loopback.
 """
 
@@ -51,10 +53,11 @@ from tests.support.container_rig import API_KEY, PROFILE, Rig
 
 from specdeploy.core import layout
 from specdeploy.front import haproxy
+from specdeploy.gate.run import new_run_id
 from specdeploy.images.build import image_tag
 from specdeploy.migrate import load
 from specdeploy.profile import load_profile
-from specdeploy.rehearsal import deploy, hosts, hub, migration, variants
+from specdeploy.rehearsal import deploy, engine_image, hosts, hub, migration, variants
 from specdeploy.smoke.transcript import golden_tokens
 
 pytestmark = [
@@ -374,3 +377,37 @@ def test_finish_stops_old_after_the_soak_and_keeps_its_weights_and_state(site: S
     with site.load(total=4) as running:
         result = running.finish(300)
     assert result.failed == 0 and result.ok == 4
+
+
+def test_new_switches_to_the_main_job_s_real_model_and_its_gate_shows_the_model_s_answers(
+    site: Site, tmp_path: Path
+) -> None:
+    """CI's deploy of the real model (issue 34): cpu-rehearsal-smollm2, SmolLM2-135M-Instruct drafted by its
+    own 4-bit copy, pinned at the hub's commits and deployed to NEW by the same play a site runs (drained
+    from the front, the drafter fetched from the gated hub with the token, verify-config and write-config,
+    the engine under quadlet with the key, the gate, put back). Its gate passes on the model's own answers:
+    the accuracy against the profile's floor, the lossless check with its tolerance, a prefix-cache hit
+    proven, and a mean acceptance length that is neither ~1 (a collapse) nor k+1 (a loop)."""
+    assert site.rig is not None
+    real = load_profile(deploy.PROFILE)
+    registry = site.rig.site
+    base = engine_image.base_in_registry(real, registry=registry.address, cert_dir=registry.cert_dir)
+    profiles = deploy.pinned_profile(real, site.rig.served.commits, tmp_path / "profiles", base=base).parent
+    run_id = new_run_id()
+    played = migration.Move.play(
+        site, site.new.name, "-e", f"specdeploy_run_id={run_id}", profile=deploy.PROFILE, profiles=profiles
+    )
+    report = deploy.gate_report(site.new, run_id)
+    assert played.returncode == 0, played.stdout[-5000:]
+    assert report is not None and report["verdict"] == "pass", report
+    stages = {s["name"]: s for s in report["smoke"]["stages"]}
+    known = stages["accuracy"]["details"]["known answers"]
+    assert known["asked"] >= 30 and known["accuracy"] >= real.smoke.accuracy.min.value  # type: ignore[union-attr]
+    assert stages["coherence"]["details"]["outputs"]["What is the capital of France? Answer in one word."]
+    assert stages["lossless"]["status"] == "pass" and stages["lossless"]["details"]["divergences"] == []
+    assert stages["prefix_cache"]["status"] == "pass"
+    mean = stages["acceptance"]["details"]["mean_acceptance_length"]
+    k = real.engine.speculative.num_speculative_tokens
+    assert 1.3 < mean < k + 1 - 0.3, mean  # real, partial acceptance
+    assert report["served_config"]["ok"] and not report["served_config"]["skipped"]
+    assert site.front_status()[site.new.name]["state"] == "ready"

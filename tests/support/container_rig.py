@@ -52,7 +52,8 @@ def started(work: Path) -> Iterator[Rig]:
     base = engine_image.base_in_registry(profile, registry=site.address, cert_dir=site.cert_dir)
     wheels = deploy.wheelhouse(PROFILE)
     vault = deploy.rehearsal_vault(work / "secrets", token=TOKEN, api_key=API_KEY)
-    gated = [profile.drafter.repo] if profile.drafter else []
+    # the chains' drafter and the main job's (the real model's, deployed at the end of the migration chain)
+    gated = [p.drafter.repo for p in (profile, load_profile(deploy.PROFILE)) if p.drafter]
     with hub.hub(token=TOKEN, gated=gated) as served:
         profiles = deploy.pinned_profile(profile, served.commits, work / "profiles", base=base).parent
         pinned = load_profile(profiles / f"{PROFILE}.yaml")

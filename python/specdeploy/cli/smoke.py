@@ -33,7 +33,27 @@ def smoke_table(report: dict[str, Any]) -> Table:
     return table
 
 
+def answers_table(report: dict[str, Any]) -> Table | None:
+    """The model's answers to the known-answer prompts (first line of each), right or wrong: what the
+    accuracy stage judged, shown so a person sees what the stack said, not only a share."""
+    accuracy = next((s for s in report["stages"] if s["name"] == "accuracy"), None)
+    found = (accuracy or {}).get("details") or {}
+    if not any(isinstance(v, dict) and v.get("answers") for v in found.values()):
+        return None
+    table = Table("known answer", "right", "the model's answer", title="answers")
+    for judged in found.values():
+        if not isinstance(judged, dict):
+            continue
+        for name, text in (judged.get("answers") or {}).items():
+            right = name not in (judged.get("wrong") or {})
+            first = " ".join(str(text).split())[:100]
+            table.add_row(*output.cells(name, output.status("pass" if right else "fail"), first))
+    return table
+
+
 def print_smoke(report: dict[str, Any]) -> None:
+    if (answers := answers_table(report)) is not None:
+        output.out.print(answers)
     output.out.print(smoke_table(report))
     for line in report["diagnosis"]:
         output.out.print(f"[bold]diagnosis:[/] {output.text(line)}", highlight=False)

@@ -98,6 +98,7 @@ class Matrix:
         self.target = real_model.build_target()
         self.drafter = real_model.build_drafter()
         self.host = layout.local_layout(work / "host")
+        self.url: str | None = None  # the running engine's base URL (Runner.start sets it)
 
     def derive(self, patch: dict[str, Any]) -> Profile:
         return variants.derive(self.profile, self.profile.name, patch)
@@ -113,6 +114,12 @@ class Matrix:
         """The test-only plugin on the engine's path, and the control file it reads its fault from."""
         path = os.pathsep.join(p for p in (str(PLUGIN), os.environ.get("PYTHONPATH", "")) if p)
         return {"PYTHONPATH": path, CONTROL: str(self.work / "fault")}
+
+    def switch(self, fault: str = "") -> None:
+        """Switch the plugin's fault on (a name of tests/support/vllm_faults) or off (""), atomically."""
+        partial = self.work / ".fault.partial"
+        partial.write_text(fault)
+        partial.replace(self.work / "fault")
 
     def folder(self, name: str) -> Path:
         path = self.work / "inputs" / name
@@ -315,7 +322,8 @@ class Runner:
         if launch.after_write is not None:
             launch.after_write(m.host.drafter_serving)
 
-    def _start(self, launch: Launch, folder: Path) -> None:
+    def start(self, launch: Launch, folder: Path) -> None:
+        """Start `launch`'s engine (the serving directory written first) and wait until it is ready."""
         self.stop()
         self._serving(launch)
         saved = {k: os.environ.get(k) for k in launch.env}
@@ -333,6 +341,7 @@ class Runner:
                     os.environ[k] = v
         process.wait_ready(timeout=900, show_progress=False)
         self.engine = Engine(launch.key(), process)
+        self.matrix.url = process.url
 
     def run(self, case: Case) -> dict[str, Any]:
         m = self.matrix
@@ -340,13 +349,13 @@ class Runner:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         launch = case.launch(m)
-        (m.work / "fault").write_text("")
+        m.switch("")
         began = time.monotonic()
         if case.restart or self.engine is None or self.engine.key != launch.key():
-            self._start(launch, folder)
+            self.start(launch, folder)
         started_s = time.monotonic() - began
         assert self.engine is not None
-        (m.work / "fault").write_text(launch.fault_file)
+        m.switch(launch.fault_file)
         log_file = folder / "engine.log"
         shutil.copyfile(self.engine.process.log_path, log_file)
         run_id = f"{case.name}-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%S')}"
@@ -354,7 +363,7 @@ class Runner:
         try:
             report = gate.run_gate(m.profile_file, m.host, run_id, options).to_json()
         finally:
-            (m.work / "fault").write_text("")
+            m.switch("")
             if case.spoils_engine:
                 self.stop()
         failed = failed_stages(report)

@@ -55,6 +55,8 @@ def check(smoke: Smoke) -> Stage:
     for name, (floor, asked) in sets.items():
         results = {a.name: answers.check_answer(a, by_label.get(a.name, "")) for a in asked}
         verdict, summary, found = judge(floor, results)
+        # the model's own answers, for the report: what a person reading it would want to see first
+        found["answers"] = {a.name: by_label.get(a.name, "")[:200] for a in asked}
         verdicts.append(verdict)
         summaries.append(f"{name}: {summary}")
         details[name] = found

@@ -144,5 +144,6 @@ def check(smoke: Smoke) -> Stage:
             details,
         )
     moved = "" if counters is None else f"; {counters.drafts:g} drafts, {counters.accepted:g} accepted meanwhile"
-    within = "exactly" if not details["distribution"]["not_top_choice"] else f"within {tolerance:g} nats"
-    return Stage(NAME, Verdict.passed, f"{where}: {within} the target's greedy choice{moved}", details)
+    within = "exactly" if not details["distribution"]["not_top_choice"] else f"within {tolerance:g} nats of"
+    allowed = f"tolerance {tolerance:g} nats" if tolerance is not None else "tolerance unresolved"
+    return Stage(NAME, Verdict.passed, f"{where}: {within} the target's greedy choice ({allowed}){moved}", details)

@@ -8,11 +8,12 @@ equality (test_dflash_qwen35_hybrid.py, docs/sources.md#judging).
 
 The prompts are the first `smoke.prefix_cache_prompts` known answers, each after one shared context
 longer than two cache blocks (vLLM caches whole blocks: 128 tokens on CPU, 16 on GPU), so every
-request after the first hits the cached context. The engine's own counter proves the hits (vLLM:
-vllm:prefix_cache_hits_total; SGLang: cached_tokens of each answer). Each cached answer is compared
-on token ids with the same request made fresh (vLLM: a new cache_salt; SGLang: a cache namespace of
-its own), and where they differ, the cached answer is re-scored by a fresh prefill: a token beyond
-the lossless tolerance fails the check, naming it."""
+request after the first hits the cached context. Another context of the same length is cached first
+too: a cache that mixes up requests can only hand out another request's blocks when there are some.
+The engine's own counter proves the hits (vLLM: vllm:prefix_cache_hits_total; SGLang: cached_tokens
+of each answer). Each cached answer is compared on token ids with the same request made fresh (vLLM:
+a new cache_salt; SGLang: a cache namespace of its own), and where they differ, the cached answer is
+re-scored by a fresh prefill: a token beyond the lossless tolerance fails the check, naming it."""
 
 from __future__ import annotations
 
@@ -42,6 +43,22 @@ CONTEXT = (
     "hand for the last thirty of them, and it is read aloud at the island's meeting every new year.\n\n"
     "Question: "
 )
+# Cached beside CONTEXT, never asked after: the other request whose blocks a broken cache could hand out.
+OTHER_CONTEXT = (
+    "Background notes for the question at the end. A baker's day starts before dawn: the ovens are lit at "
+    "four, the sourdough starter is fed, and the first loaves are shaped while the town is still asleep. "
+    "Rye, spelt and white wheat flour are kept in separate bins, weighed for each recipe, and mixed with "
+    "water, salt and the starter in a large wooden trough. The dough rests for hours, is folded every half "
+    "hour, divided, shaped into rounds and long loaves, and left to rise in linen-lined baskets. When the "
+    "ovens reach their heat the loaves are scored with a razor and baked with steam for a crisp crust. By "
+    "seven the shop opens: bread, rolls, pastries with apricot and almond, and on Fridays a braided loaf. "
+    "In the afternoon the baker cleans the trough, orders flour from the mill in the valley, writes the "
+    "next day's list of orders for the cafe, the school and the hospital kitchen, and sets aside the "
+    "broken loaves for the farmer's pigs. On the wall hangs a photograph of the bakery a century ago, "
+    "with the same oven door and the same sign above the window, and the recipes are written in a book "
+    "that has passed from one baker to the next, each adding notes in the margins.\n\n"
+    "Question: "
+)
 
 
 def _fresh_salt() -> str:
@@ -57,7 +74,8 @@ def check(smoke: Smoke) -> Stage:
     chosen = smoke.spec.prompts.known_answers[:count]
     prompts = [(a.name, CONTEXT + a.prompt, a.max_tokens) for a in chosen]
     kwargs = smoke.spec.chat_template_kwargs
-    smoke.client.chat(prompts[0][1], max_tokens=1, template_kwargs=kwargs)  # the context's blocks, cached
+    for context in (OTHER_CONTEXT, CONTEXT):  # both contexts' blocks cached; the questions follow CONTEXT
+        smoke.client.chat(context + chosen[0].prompt, max_tokens=1, template_kwargs=kwargs)
     before = smoke.client.prefix_cache_hits()
     cached: list[tuple[str, str, Any]] = []
     with smoke.progress() as progress:
