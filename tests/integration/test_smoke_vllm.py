@@ -1,7 +1,12 @@
 """`specdeploy smoke` against real vLLM-CPU stacks: the right verdict and diagnosis for the
 healthy rehearsal and for each real failure (collapsed drafter, degenerate target, token
 loop, speculative decoding off, server down, server killed mid-run, version mismatch,
-golden drift); and the idle wait a decommission makes, on vLLM's own gauges."""
+golden drift); and the idle wait a decommission makes, on vLLM's own gauges.
+
+On the tiny fixtures (the cpu-rehearsal stacks): plumbing and speed, for they answer only the corpus they
+memorised; the gate's content checks are proven on a model that speaks in
+tests/integration/test_real_model.py and the migration chain's last test (the main job's model).
+"""
 
 from __future__ import annotations
 

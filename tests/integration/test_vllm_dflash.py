@@ -3,6 +3,10 @@ and an out-of-range config — which vLLM itself accepts at start-up — is stop
 
 These start real vLLM servers (about a minute each on 2 cores); the healthy one is shared by
 every test of the run through a session-scoped fixture.
+
+On the tiny fixtures (the tiny target and a random DFlash drafter): plumbing and speed, for they
+answer only the corpus they memorised; the gate's content checks are proven on a model that speaks
+in tests/integration/test_real_model.py and the migration chain's last test (the main job's model).
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ In order (each test starts from the state the previous one left):
 The module leaves the host quiet (engine and timer stopped): it lives until the session ends.
 
 Run alone on a fresh test host (its first deploy included) it took 9 m 33 s (docs/benchmarks.md).
+
+On the tiny fixtures (cpu-rehearsal): plumbing and speed, for they answer only the corpus they
+memorised; the gate's content checks are proven on a model that speaks in
+tests/integration/test_real_model.py and the migration chain's last test (the main job's model).
 """
 
 from __future__ import annotations

@@ -169,8 +169,10 @@ def test_the_degenerate_corpus_has_cited_outputs_in_every_class_split_in_halves_
 # once at the end of round 4 (22162fe): 25 of 32 (78.1%). Each is tuning data since the round after
 # its own (its misses may be read). Round 5's held-out half (cb77ffd) was measured once, at the end
 # of round 5's tuning (26d7912), with the detectors from before round 5 and after it in one run: 24
-# of 36 both (66.7%, docs/benchmarks.md). Issue 22's target is 85%; it is not reached, and round
-# 5's held-out misses were never looked at (protocol, tests/data/coherence/README.md). Later commits
+# of 36 both (66.7%, docs/benchmarks.md). Issue 22's target of 85% was not reached in five rounds;
+# issue 34 dropped it (the text form cannot show what the rest needs: the gate now also judges known
+# answers, losslessness and the prefix cache on a real model), keeping the figures as measured, and
+# round 5's held-out misses were never looked at (protocol, tests/data/coherence/README.md). Later commits
 # (244fc08 and the one after it) only narrowed rules against false positives on normal answers; this
 # floor checks the held-out rate did not fall below the figure measured.
 HELDOUT5_MEASURED = 24 / 36
@@ -179,12 +181,6 @@ HELDOUT5_MEASURED = 24 / 36
 def test_round_5s_held_out_half_is_flagged_at_least_at_the_rate_measured_once() -> None:
     rate = _rate(degenerate(HELDOUT))  # the rate only: the misses are not looked at (protocol)
     assert rate >= HELDOUT5_MEASURED, f"held-out rate {rate:.1%}"
-
-
-@pytest.mark.xfail(strict=True, reason="issue 22's target, not reached: 66.7% measured once (docs/benchmarks.md)")
-def test_round_5s_held_out_half_is_flagged_at_85_percent_or_more() -> None:
-    rate = _rate(degenerate(HELDOUT))
-    assert rate >= 0.85, f"held-out rate {rate:.1%}"
 
 
 def test_the_tuning_data_is_flagged_at_85_percent_or_more() -> None:

@@ -13,6 +13,7 @@ a test marks lossy, whose top choice is another token 2.5 nats above them).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -220,3 +221,76 @@ def test_a_profile_without_a_drafter_config_or_a_layout_without_one_skips_the_se
     assert gate._check_served_config(profile, layout.local_layout(tmp_path / "none"))["skipped"]
     mtp = variants.hybrid_mtp()
     assert gate._check_served_config(mtp, layout.local_layout(tmp_path / "none"))["skipped"]
+
+
+# --------------------------------------------------------------------------- a re-run that changed nothing
+
+
+@pytest.fixture
+def engine_unit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in `systemctl` first on PATH for the gate's unit probes: a settled, running unit whose
+    InvocationID (systemd's ID of its current run) is the content of the returned file."""
+    invocation = tmp_path / "invocation"
+    invocation.write_text("run-a")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    program = bin_dir / "systemctl"
+    program.write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *InvocationID*) cat "{invocation}"; exit 0;; esac\n'
+        'if [ "$1" = show ]; then printf "LoadState=loaded\\nActiveState=active\\nSubState=running\\n'
+        'Result=success\\nNRestarts=0\\nJob=\\n"; exit 0; fi\n'
+        "exit 1\n"
+    )
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    return invocation
+
+
+def test_a_rerun_that_changed_nothing_checks_readiness_and_identity_and_a_restart_brings_the_full_gate_back(
+    engine: Callable, engine_unit: Path, tmp_path: Path
+) -> None:
+    """A no-op re-run of the deploy (nothing replaced, the same engine run) is not judged again in full:
+    the verified run did, and the light gate keeps judging it; a restarted engine is."""
+    stub, url = engine()
+    profile_file = variants.materialize(_profile(_tolerance(0.05)), tmp_path / "profiles")
+    host = layout.HostLayout(state=tmp_path / "state")
+    options = gate.GateOptions(endpoint=url, rollback=False)
+    first = gate.run_gate(profile_file, host, "r1", options)
+    assert first.verdict is Verdict.passed and first.engine_invocation == "run-a" and first.unchanged_since is None
+    asked = len(stub.seen)
+
+    again = gate.run_gate(profile_file, host, "r2", options)
+    assert again.verdict is Verdict.passed and again.unchanged_since == "r1", again.message
+    assert [s["name"] for s in again.smoke["stages"]] == ["readiness", "identity"]
+    assert "nothing changed since run r1" in again.message and host.verified.resolve().name == "r1"
+    assert not any("chat/completions" in seen for seen in stub.seen[asked:])  # no answer asked again
+
+    engine_unit.write_text("run-b")  # the engine restarted since: judged in full again
+    restarted = gate.run_gate(profile_file, host, "r3", options)
+    assert restarted.unchanged_since is None and restarted.verdict is Verdict.passed
+    assert "lossless" in [s["name"] for s in restarted.smoke["stages"]] and host.verified.resolve().name == "r3"
+
+    stub.version = "0.31.0"  # unchanged on disk, but the server now answers as another version
+    broken = gate.run_gate(profile_file, host, "r4", options)
+    assert broken.unchanged_since == "r3" and broken.verdict is Verdict.failed and broken.exit_code == 1
+    assert "no longer passes" in broken.message and host.verified.resolve().name == "r3"
+
+
+def test_a_rerun_that_replaced_something_is_judged_in_full_even_with_the_same_engine_run(
+    engine: Callable, engine_unit: Path, tmp_path: Path
+) -> None:
+    from specdeploy.core import keeper
+
+    _, url = engine()
+    profile_file = variants.materialize(_profile(_tolerance(0.05)), tmp_path / "profiles")
+    host = layout.HostLayout(state=tmp_path / "state")
+    options = gate.GateOptions(endpoint=url, rollback=False)
+    assert gate.run_gate(profile_file, host, "r1", options).verdict is Verdict.passed
+    replaced = tmp_path / "a-file-the-run-replaced"
+    replaced.write_text("before")
+    staged = keeper.Keeper(host.rollback, "r2").stage(replaced)  # as a role's step keeps what it replaces
+    replaced.write_text("after")
+    staged.commit()
+    second = gate.run_gate(profile_file, host, "r2", options)
+    assert second.unchanged_since is None and "lossless" in [s["name"] for s in second.smoke["stages"]]

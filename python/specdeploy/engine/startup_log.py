@@ -316,6 +316,21 @@ def _unit_state(unit: str) -> dict[str, str] | None:
     return state if state.get("LoadState") == "loaded" else None
 
 
+def invocation(unit: str) -> str | None:
+    """systemd's ID of the unit's current run (a new one at every start), or None where there is none."""
+    try:
+        done = subprocess.run(
+            ["systemctl", "show", unit, "--property=InvocationID", "--value"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = done.stdout.strip()
+    return found if done.returncode == 0 and found else None
+
+
 def reader(unit: str, log_text: str | None = None) -> Callable[[], str]:
     """The engine's startup log for the smoke's served-identity check (the method vLLM serves with):
     the saved log where one is given, else the unit's journal since its current start ("" where no

@@ -38,7 +38,7 @@ from typing import Any
 
 from specdeploy.core import atomic, files, keeper, layout
 from specdeploy.core.errors import EXIT_INTERNAL, SpecdeployError, UsageError, WriteError
-from specdeploy.core.verdicts import EXIT_CODES, Interrupted, Verdict, sigterm_interrupts
+from specdeploy.core.verdicts import EXIT_CODES, Interrupted, Stage, Verdict, sigterm_interrupts
 from specdeploy.drafter import verify
 from specdeploy.engine import secret, startup_log
 from specdeploy.gate import golden
@@ -47,7 +47,7 @@ from specdeploy.profile import Profile, load_profile
 from specdeploy.profile.lock import Lock
 from specdeploy.rollback import restore
 from specdeploy.smoke import run as smoke
-from specdeploy.smoke.clients import endpoint_problem
+from specdeploy.smoke.clients import EngineUnavailable, endpoint_problem
 from specdeploy.weights import store
 
 REPORT = "gate.json"
@@ -99,6 +99,11 @@ class GateReport:
     images_pruned: list[str] | None = None
     # the served identity's key, and whether this run compared with its golden or recorded one (gate.golden)
     golden: dict[str, Any] | None = None
+    # systemd's ID of the engine unit's run this gate judged (None off a host's unit): a later run that
+    # changed nothing finds the same one and is not judged again in full
+    engine_invocation: str | None = None
+    # the passing run whose stack this run found unchanged (nothing replaced, the same engine run), if any
+    unchanged_since: str | None = None
     finished_at: str | None = None
     rolling_back: bool = False
     # Set when the gate could not run at all: the CLI's exit code for that error (a bad
@@ -143,6 +148,8 @@ class GateReport:
             "pruned": self.pruned,
             "images_pruned": self.images_pruned,
             "golden": self.golden,
+            "engine_invocation": self.engine_invocation,
+            "unchanged_since": self.unchanged_since,
         }
 
     def write(self) -> None:
@@ -363,6 +370,76 @@ def _restore_and_prove(unit: str) -> Callable[[layout.HostLayout, str], restore.
     return lambda host, run_id: restore.restore_and_prove(host, run_id, unit=unit)
 
 
+def _unchanged_since(report: GateReport, profile_file: Path, host: layout.HostLayout, unit: str) -> str | None:
+    """The passing run whose stack this run left exactly as it was, or None.
+
+    A re-run that changed nothing (a no-op deploy: nothing replaced, the engine not restarted) need not
+    judge the same engine run again in full: its verified run did, and the light gate keeps judging it.
+    Exactly as it was means: this run replaced nothing (its rollback record is empty), `<state>/verified`
+    names a passing run gated with the same profile and lock, and the engine unit's run (systemd's
+    InvocationID) is the one that run judged. Anything else, or anything unreadable, is a full gate."""
+    try:
+        record = keeper.load_run(host.rollback)
+        if record is not None and record.run_id == report.run_id and record.entries:
+            return None
+        if not host.verified.is_symlink():
+            return None
+        last = files.expect_mapping(
+            files.read_json(host.verified / REPORT, what="gate report"), "verified", what="report"
+        )
+        if last.get("verdict") != Verdict.passed.value or not last.get("engine_invocation"):
+            return None
+        same_profile = (host.verified / profile_file.name).read_bytes() == profile_file.read_bytes()
+        kept_lock = host.verified / host.lock.name
+        same_lock = (kept_lock.read_bytes() if kept_lock.is_file() else None) == (
+            host.lock.read_bytes() if host.lock.is_file() else None
+        )
+        if not (same_profile and same_lock) or startup_log.invocation(unit) != last["engine_invocation"]:
+            return None
+        return str(last.get("run_id"))
+    except (SpecdeployError, OSError):
+        return None
+
+
+def _gate_unchanged(report: GateReport, profile: Profile, options: GateOptions, since: str) -> None:
+    """Readiness and the served identity only, for a run that changed nothing since `since` passed."""
+    from specdeploy.smoke.checks import identity, readiness
+
+    run = smoke.Smoke(
+        profile,
+        report.endpoint,
+        smoke.SmokeOptions(
+            api_key=options.api_key,
+            show_progress=options.show_progress,
+            readiness_timeout_s=options.readiness_timeout_s,
+            startup_log=startup_log.reader(options.unit) if profile.engine.kind == "vllm" else None,
+        ),
+    )
+    try:
+        for check in (readiness.check, identity.check):
+            stage = check(run)
+            run.report.stages.append(stage)
+            if stage.status is not Verdict.passed:
+                break
+    except EngineUnavailable as exc:
+        run.report.stages.append(Stage("server", Verdict.error, f"the server stopped answering: {exc.message}"))
+    finally:
+        run.close()
+    run.report.elapsed_s = time.monotonic() - run.report.started
+    report.smoke = run.report.to_json()
+    report.unchanged_since = since
+    report.verdict = Verdict(run.report.verdict.value)
+    if report.verdict is Verdict.passed:
+        report.message = (
+            f"nothing changed since run {since}, which passed its full gate: this run replaced nothing and the "
+            f"engine has not restarted since; readiness and the served identity checked again (the light gate's "
+            f"timer keeps judging it); verified/ stays on run {since}"
+        )
+    else:
+        last = report.smoke["stages"][-1]["summary"]
+        report.message = f"the stack run {since} verified, unchanged since, no longer passes: {last}"
+
+
 def _gate(
     report: GateReport,
     profile: Profile,
@@ -376,6 +453,12 @@ def _gate(
             startup_log.wait_settled(options.unit, options.readiness_timeout_s or profile.smoke.readiness_timeout_s)
             or "settled"
         )
+        report.engine_invocation = startup_log.invocation(options.unit)
+        since = _unchanged_since(report, Path(report.profile_file), host, options.unit)
+        if since is not None:
+            _gate_unchanged(report, profile, options, since)
+            report.write()
+            return
     report.served_config = _check_served_config(profile, host)
     if problem := endpoint_problem(report.endpoint):  # the smoke's readiness says why, at once
         report.startup_log = {"ok": True, "skipped": True, "message": f"not checked: the endpoint {problem}"}
