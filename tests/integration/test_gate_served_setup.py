@@ -62,6 +62,25 @@ def test_a_server_with_twice_the_profiles_k_fails_the_gate_naming_both(stack: St
     assert [s["name"] for s in report.smoke["stages"]] == ["readiness", "identity"]
 
 
+def test_a_server_serving_a_shorter_context_or_sampling_defaults_fails_identity_naming_each(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A host's edit of the served setup that leaves weights and speculation alone: `--max-model-len 384`
+    where the profile serves 512 (vLLM's /v1/models reports it), and `--generation-config DIR` with a
+    sampling config, which vLLM logs as overriding its default sampling parameters (read from the real
+    engine's startup log the gate is given)."""
+    engine = stack("served-defaults")
+    port = engine.profile.engine.serve.port
+    base = variants.on_port(load_profile("cpu-rehearsal"), "cpu-rehearsal", port)
+    context = _identity(_gate(base, tmp_path, "context", engine))
+    assert context["status"] == "fail" and context["details"]["mismatch"] == "context length", context
+    assert "max_model_len) 384, the profile pins 512" in context["summary"]
+    same_context = variants.derive(base, "cpu-rehearsal", {"engine": {"serve": {"max_model_len": 384}}})
+    sampling = _identity(_gate(same_context, tmp_path, "sampling", engine))
+    assert sampling["status"] == "fail" and sampling["details"]["mismatch"] == "default sampling", sampling
+    assert "'temperature': 1.0" in sampling["summary"] and "repetition_penalty" in sampling["summary"]
+
+
 def test_a_server_with_another_method_fails_the_gate_naming_both(dflash_run: proof.ProofResult, tmp_path: Path) -> None:
     """The DFlash server (the session's, port 8101) gated with the draft-model profile: the same k, so
     only the startup log's SpeculativeConfig(method=...) tells them apart (vLLM's API does not say it)."""

@@ -74,6 +74,10 @@ STACKS: dict[str, StackSpec] = {
             lambda: variants.double_k(), _trained, fixtures.build_draft_model,
         ),
         StackSpec(
+            "served-defaults", "trained target served with a sampling generation config and a shorter context",
+            lambda: variants.served_defaults(), _trained, fixtures.build_draft_model,
+        ),
+        StackSpec(
             "real", "SmolLM2-135M-Instruct drafted by its own 4-bit copy (cpu-rehearsal-smollm2, local)",
             lambda: variants.real_model(), lambda p: real_model.build_target(), lambda p: real_model.build_drafter(),
         ),

@@ -8,6 +8,7 @@ same derivations, so a variant means the same thing everywhere.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +179,26 @@ def real_model(*, port: int = 8110, name: str = f"{REAL}-local") -> Profile:
         "engine": {"runtime": "venv", "image": None, "serve": {"host": "127.0.0.1", "port": port, "api_key": None}}
     }
     return derive(load_profile(REAL), name, patch)
+
+
+# A generation_config.json that makes the server sample (and penalise repeats) for requests that set none.
+SAMPLING_GENERATION_CONFIG = {"do_sample": True, "temperature": 1.0, "top_p": 0.9, "repetition_penalty": 1.3}
+
+
+def served_defaults(base: Profile | None = None, *, port: int = 8108) -> Profile:
+    """The healthy stack served with a generation config that makes it sample by default
+    (`--generation-config DIR`) and a shorter context (`--max-model-len 384`): what an edit on a host
+    does to the served setup while the weights, the drafter and the speculative setup stay the same.
+    Gated with the base profile, identity must name the context; gated with the context it serves, the
+    sampling."""
+    base = base or load_profile(BASE)
+
+    def build(out: Path) -> None:
+        (out / "generation_config.json").write_text(json.dumps(SAMPLING_GENERATION_CONFIG))
+
+    config = fixtures.cached("generation-config-sampling", SAMPLING_GENERATION_CONFIG, build)
+    patch = {
+        "description": "cpu-rehearsal served with a sampling generation config and 384 positions",
+        "engine": {"serve": {"port": port, "max_model_len": 384, "extra_args": ["--generation-config", str(config)]}},
+    }
+    return derive(base, f"{BASE}-served-defaults", patch)
