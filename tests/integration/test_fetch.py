@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 from tests.support.hub import git, make_repo, olah
 
+from specdeploy.core.files import UnsafePathError
 from specdeploy.profile import Profile, load_profile
 from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import variants
@@ -189,3 +191,144 @@ def test_token_file_must_be_private(tmp_path: Path) -> None:
         read_token(token)
     token.chmod(0o600)
     assert read_token(token) == "hf_" + "x" * 34
+
+
+# --------------------------------------------------------------------------- containment (issue 35)
+
+
+@pytest.fixture
+def opened() -> Iterator[list[str]]:
+    """Every path this process opens while the test runs (Python's audit hook on `open`, which
+    every file open of Python code and of huggingface_hub passes through)."""
+    seen: list[str] = []
+    _AUDIT.append(seen)
+    try:
+        yield seen
+    finally:
+        _AUDIT.remove(seen)
+
+
+_AUDIT: list[list[str]] = []
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _AUDIT and event in ("open", "os.remove", "os.unlink", "os.rename", "os.replace") and args:
+        for seen in _AUDIT:
+            seen.append(os.fsdecode(args[0]) if isinstance(args[0], str | bytes | os.PathLike) else str(args[0]))
+
+
+sys.addaudithook(_audit)
+
+
+class _HostileTree(BaseHTTPRequestHandler):
+    """A mirror whose recursive file list (the one the fetch reads to verify and record) names
+    `NAME`, while the first, flat page (what a client starts with) lists an ordinary file.
+    Every request is recorded: a download (`/resolve/`) must never be asked for."""
+
+    NAME = ""
+    requests: list[str] = []
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        type(self).requests.append(self.path)
+        if "/tree/" not in self.path:
+            self.send_response(404)
+            self.end_headers()
+            return
+        entries = [{"type": "file", "oid": "0" * 40, "size": 2, "path": "config.json"}]
+        if "recursive=True" in self.path or "recursive=true" in self.path:
+            entries.append({"type": "file", "oid": "1" * 40, "size": 5, "path": type(self).NAME})
+        body = json.dumps(entries).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _canaries(tmp_path: Path) -> dict[Path, bytes]:
+    """Files outside the models directory (tmp_path/models) where hostile names would lead."""
+    made = {tmp_path / "outside": b"canary outside\n", tmp_path / "models" / "outside": b"canary beside\n"}
+    for path, content in made.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    return made
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "/etc/passwd",
+        "../../outside",
+        "../../../../outside",
+        "..\\..\\..\\..\\outside",
+        "ok/../../../../../outside",
+        "config.json\x00x",
+        ".specdeploy/verified.json",
+    ],
+)
+def test_a_mirror_listing_a_name_outside_the_revision_directory_is_refused_before_any_file_operation(
+    name: str, tmp_path: Path, opened: list[str]
+) -> None:
+    """The fetch's own listing names an absolute path, a `..` path, a backslash path, a NUL or the
+    hash cache: refused naming the path, nothing downloaded, no canary (nor /etc/passwd) opened,
+    changed or removed (checked by content and by the audit of every file this process opens)."""
+    canaries = _canaries(tmp_path)
+    passwd = Path("/etc/passwd").read_bytes()
+    _HostileTree.NAME, _HostileTree.requests = name, []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _HostileTree)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    commits = {TARGET: "a" * 40, DRAFTER: "b" * 40}
+    opened.clear()
+    try:
+        with pytest.raises(UnsafePathError) as info:
+            fetch(
+                _profile(commits),
+                tmp_path / "models",
+                lock=Lock(tmp_path / "l"),
+                endpoint=f"http://127.0.0.1:{server.server_address[1]}",
+                only="target",
+            )
+    finally:
+        server.shutdown()
+    assert repr(name)[:60] in str(info.value) and "refused before any file" in str(info.value), info.value
+    assert not any("/resolve/" in r for r in _HostileTree.requests), _HostileTree.requests
+    touched = {str(p) for p in canaries} | {"/etc/passwd"}
+    assert not [p for p in opened if os.path.normpath(p) in touched or p.endswith("outside")], opened
+    assert all(path.read_bytes() == content for path, content in canaries.items())
+    assert Path("/etc/passwd").read_bytes() == passwd
+    assert not (tmp_path / "models" / TARGET / commits[TARGET] / "config.json").exists()
+
+
+def test_a_revision_directory_holding_a_link_to_outside_is_refused_before_anything_is_read(
+    hub: dict[str, Any], tmp_path: Path, opened: list[str]
+) -> None:
+    """A planted `config.json -> canary` in the revision directory (and, separately, the revision
+    directory itself a link): refused naming the link; the canary unread, unchanged, not removed."""
+    canaries = _canaries(tmp_path)
+    canary = tmp_path / "outside"
+    revision = hub["commits"][TARGET]
+    directory = tmp_path / "models" / TARGET / revision
+    directory.mkdir(parents=True)
+    (directory / "config.json").symlink_to(canary)
+    opened.clear()
+    with pytest.raises(UnsafePathError) as info:
+        fetch(
+            _profile(hub["commits"]), tmp_path / "models", lock=Lock(tmp_path / "l"), endpoint=hub["url"], only="target"
+        )
+    assert f"{directory / 'config.json'} (" in str(info.value) and "symbolic link" in str(info.value), info.value
+    assert str(canary) not in [os.path.normpath(p) for p in opened], opened
+    assert (directory / "config.json").is_symlink()  # left for a person to look at, not followed or removed
+
+    (directory / "config.json").unlink()
+    directory.rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    directory.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UnsafePathError, match="is a symbolic link"):
+        fetch(
+            _profile(hub["commits"]), tmp_path / "models", lock=Lock(tmp_path / "l"), endpoint=hub["url"], only="target"
+        )
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert all(path.read_bytes() == content for path, content in canaries.items())

@@ -251,19 +251,24 @@ def test_a_rerun_that_changed_nothing_checks_readiness_and_identity_and_a_restar
     engine: Callable, engine_unit: Path, tmp_path: Path
 ) -> None:
     """A no-op re-run of the deploy (nothing replaced, the same engine run) is not judged again in full:
-    the verified run did, and the light gate keeps judging it; a restarted engine is."""
+    the verified run did, and the light gate keeps judging it; a restarted engine is. A gate asked for
+    without `light_if_unchanged` (by hand, by `migrate verify`) is always a full one."""
     stub, url = engine()
     profile_file = variants.materialize(_profile(_tolerance(0.05)), tmp_path / "profiles")
     host = layout.HostLayout(state=tmp_path / "state")
-    options = gate.GateOptions(endpoint=url, rollback=False)
+    options = gate.GateOptions(endpoint=url, rollback=False, light_if_unchanged=True)
     first = gate.run_gate(profile_file, host, "r1", options)
     assert first.verdict is Verdict.passed and first.engine_invocation == "run-a" and first.unchanged_since is None
+    by_hand = gate.run_gate(profile_file, host, "r1b", gate.GateOptions(endpoint=url, rollback=False))
+    assert by_hand.unchanged_since is None and "lossless" in [s["name"] for s in by_hand.smoke["stages"]]
+    assert host.verified.resolve().name == "r1b"
+    first = by_hand
     asked = len(stub.seen)
 
     again = gate.run_gate(profile_file, host, "r2", options)
-    assert again.verdict is Verdict.passed and again.unchanged_since == "r1", again.message
+    assert again.verdict is Verdict.passed and again.unchanged_since == "r1b", again.message
     assert [s["name"] for s in again.smoke["stages"]] == ["readiness", "identity"]
-    assert "nothing changed since run r1" in again.message and host.verified.resolve().name == "r1"
+    assert "nothing changed since run r1b" in again.message and host.verified.resolve().name == "r1b"
     assert not any("chat/completions" in seen for seen in stub.seen[asked:])  # no answer asked again
 
     engine_unit.write_text("run-b")  # the engine restarted since: judged in full again
@@ -285,7 +290,7 @@ def test_a_rerun_that_replaced_something_is_judged_in_full_even_with_the_same_en
     _, url = engine()
     profile_file = variants.materialize(_profile(_tolerance(0.05)), tmp_path / "profiles")
     host = layout.HostLayout(state=tmp_path / "state")
-    options = gate.GateOptions(endpoint=url, rollback=False)
+    options = gate.GateOptions(endpoint=url, rollback=False, light_if_unchanged=True)
     assert gate.run_gate(profile_file, host, "r1", options).verdict is Verdict.passed
     replaced = tmp_path / "a-file-the-run-replaced"
     replaced.write_text("before")

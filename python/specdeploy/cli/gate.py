@@ -83,6 +83,14 @@ def gate(
         typer.Option(help="seconds to wait for the engine to be ready (default: the profile's readiness_timeout_s)"),
     ] = None,
     podman: base.PodmanOpt = "podman",
+    light_if_unchanged: Annotated[
+        bool,
+        typer.Option(
+            "--light-if-unchanged",
+            help="a deploy's re-run: when this run replaced nothing and the engine is the run the last verified "
+            "gate judged, check readiness and the served identity only (the deploy passes it; by hand: a full gate)",
+        ),
+    ] = False,
     as_json: base.JsonOpt = False,
 ) -> None:
     """Gate a deployed stack: the DFlash startup-log check, the smoke checks and, on failure,
@@ -115,6 +123,7 @@ def gate(
         show_progress=sys.stderr.isatty(),
         readiness_timeout_s=readiness_timeout,
         podman=podman,
+        light_if_unchanged=light_if_unchanged,
         unit_file=layout.UNIT_FILES["container"].with_name(f"{unit}.container"),
     )
     host = base.host_layout(models_dir, serving_dir, state_dir)

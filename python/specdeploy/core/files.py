@@ -185,3 +185,108 @@ def expect_mapping(data: Any, origin: str, *, what: str) -> dict[str, Any]:
             hint="check that this is the right file",
         )
     return data
+
+
+# --------------------------------------------------------------------------- names from the network
+
+UNSAFE_NAME_HINT = (
+    "a hub or mirror that lists such a name is not the hub, or is compromised (on an http:// endpoint, anyone "
+    "on the path can answer): fetch from https:// only, check the mirror, and report it"
+)
+
+
+class UnsafePathError(SpecdeployError):
+    """A file name from the network (a hub's tree listing, a lock entry) or a place under a
+    directory that would lead outside it: refused before any file operation, exit 2."""
+
+    exit_code = 2
+
+
+def relative_name(name: Any, *, origin: str) -> str:
+    """`name`, a repository-relative file name from an untrusted source (a hub's listing, a lock
+    entry), refused unless it stays inside the directory it is joined to, by its text alone:
+    a non-empty POSIX relative path without `..`, `.` or empty components, backslashes, NUL or
+    other control characters. No file is touched."""
+    shown = repr(name)[:200]
+    reason = None
+    if not isinstance(name, str) or not name:
+        reason = "not a non-empty string"
+    elif len(name) > 4096:
+        reason = f"{len(name)} characters long"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in name):
+        reason = "a NUL or other control character"
+    elif "\\" in name:
+        reason = "a backslash (a Windows separator: another path on some filesystems and tools)"
+    elif name.startswith("/"):
+        reason = "an absolute path"
+    elif {".", ".."} & set(name.split("/")):
+        reason = "a '..' or '.' component"
+    elif "" in name.split("/"):
+        reason = "an empty component (a doubled or trailing '/')"
+    if reason is not None:
+        raise UnsafePathError(
+            f"{origin} names the file {shown}: expected a relative path inside its directory, found {reason}; "
+            "refused before any file was opened, created or removed",
+            hint=UNSAFE_NAME_HINT,
+        )
+    return name
+
+
+def inside(directory: Path | str, name: str, *, origin: str) -> Path:
+    """`directory / name` after `relative_name`, refused when any part of it below `directory`
+    that exists is a symbolic link (a link would lead the read, the hash or the removal outside)."""
+    relative_name(name, origin=origin)
+    path = Path(directory)
+    for part in name.split("/"):
+        path = path / part
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            break  # nothing below a missing part exists
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError(
+                f"{path} ({origin}: {name!r}) is a symbolic link: expected a file or directory inside {directory}; "
+                "refused before it was read or removed",
+                hint=f"remove the link ({path}) and run this again; nothing under the models directory is a link",
+            )
+    return Path(directory, *name.split("/"))
+
+
+def no_links_below(directory: Path | str, *, origin: str) -> None:
+    """Refuse a directory that is, or holds anywhere below it, a symbolic link (nothing specdeploy
+    downloads is a link: one found there was planted)."""
+    directory = Path(directory)
+    if not os.path.lexists(directory):
+        return
+    if directory.is_symlink():
+        raise UnsafePathError(
+            f"{directory} ({origin}) is a symbolic link to {os.readlink(directory)!r}: expected a directory; "
+            "refused before anything under it was read",
+            hint=f"remove the link ({directory}) and run this again",
+        )
+    for root, dirs, names in os.walk(directory):
+        for name in sorted(dirs + names):
+            path = Path(root) / name
+            if path.is_symlink():
+                raise UnsafePathError(
+                    f"{path} ({origin}) is a symbolic link to {os.readlink(path)!r}: nothing specdeploy fetches is "
+                    "a link; refused before anything under it was read or removed",
+                    hint=f"remove the link ({path}) and run this again",
+                )
+
+
+def open_no_follow(path: Path | str) -> Any:
+    """`path` opened for reading in binary, refusing a symbolic link at its last component (a link
+    planted between the listing and the read) and anything that is not a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            raise UnsafePathError(
+                f"{path}: expected a regular file, found {FILE_KINDS.get(stat.S_IFMT(kind), 'something else')}",
+                hint=f"remove {path} and run this again",
+            )
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

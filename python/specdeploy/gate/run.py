@@ -70,6 +70,10 @@ class GateOptions:
     readiness_timeout_s: float | None = None  # default: the profile's smoke.readiness_timeout_s
     podman: str = "podman"  # prunes the engine's old images after a pass (container profiles)
     unit_file: Path = layout.UNIT_FILES["container"]  # the quadlet whose Image= the engine runs
+    # a deploy's re-run: when it replaced nothing and the engine run is the one the last verified gate
+    # judged, check readiness and the served identity only (`_unchanged_since`); off for a gate asked
+    # for by hand or by `migrate verify`, which judges the stack in full
+    light_if_unchanged: bool = False
 
 
 @dataclass
@@ -455,7 +459,7 @@ def _gate(
         )
         report.engine_invocation = startup_log.invocation(options.unit)
         since = _unchanged_since(report, Path(report.profile_file), host, options.unit)
-        if since is not None:
+        if since is not None and options.light_if_unchanged:
             _gate_unchanged(report, profile, options, since)
             report.write()
             return

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from specdeploy.core import files
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.profile import Profile
 from specdeploy.profile.lock import Lock
@@ -192,8 +193,10 @@ def planned_files(profile: Profile, lock: Lock, models: str, revisions: dict[str
                 hint="deploy OLD once more with this lock (its gate records the entry), then `specdeploy lock merge`",
             )
         base = posixpath.join(models, ref.repo, revision)
+        origin = f"the site's lock, entry {lock_key(role, revision)} of profile {profile.name}"
         found += [
-            SeedFile(role, revision, posixpath.join(base, name), str(sha)) for name, sha in sorted(listed.items())
+            SeedFile(role, revision, posixpath.join(base, files.relative_name(name, origin=origin)), str(sha))
+            for name, sha in sorted(listed.items())
         ]
     return found
 

@@ -138,16 +138,22 @@ def read_token(token_file: Path | None, *, from_stdin: bool = False) -> str | No
 
 
 def sha256_file(path: Path) -> str:
+    """The sha256 of a regular file, streamed; a symbolic link at `path` is refused, not followed."""
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
+    with files.open_no_follow(path) as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
 
 
 def git_blob_id(path: Path) -> str:
-    data = path.read_bytes()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+    """git's blob id of a regular file (sha1 of "blob <size>\\0" + content), streamed: a file the hub
+    lists as small may be large on disk."""
+    with files.open_no_follow(path) as fh:
+        digest = hashlib.sha1(b"blob %d\0" % os.fstat(fh.fileno()).st_size, usedforsecurity=False)
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _load_state(directory: Path) -> dict[str, Any]:
@@ -190,9 +196,40 @@ def _save_state(directory: Path, state: dict[str, Any]) -> None:
 
 
 def _remove_corrupt(directory: Path, relative: str) -> None:
-    """Delete a file and huggingface_hub's record of it, so the next fetch downloads it again."""
-    for path in (directory / relative, directory / ".cache" / "huggingface" / "download" / f"{relative}.metadata"):
+    """Delete a file and huggingface_hub's record of it, so the next fetch downloads it again
+    (`relative` checked again: only ever a file inside the revision directory, never through a link)."""
+    origin = f"the file list of {directory}"
+    for path in (
+        files.inside(directory, relative, origin=origin),
+        files.inside(directory, f".cache/huggingface/download/{relative}.metadata", origin=origin),
+    ):
         path.unlink(missing_ok=True)
+
+
+BOOKKEEPING = (STATE_DIR, ".cache")  # specdeploy's hash cache and huggingface_hub's download records
+
+
+def checked_tree(entries: list[Any], repo: str, revision: str) -> list[Any]:
+    """The hub's file list for `repo@revision`, every name checked before any file operation: a
+    relative path inside the revision directory (`files.relative_name`), listed once, and not in
+    the bookkeeping directories (a listed `.specdeploy/verified.json` would replace the hash cache)."""
+    origin = f"the hub's file list of {repo}@{revision}"
+    seen: set[str] = set()
+    for entry in entries:
+        name = files.relative_name(getattr(entry, "path", None), origin=origin)
+        if name.split("/")[0] in BOOKKEEPING:
+            raise files.UnsafePathError(
+                f"{origin} names the file {name!r}: expected a model file, found one inside specdeploy's or "
+                "huggingface_hub's bookkeeping directory; refused before any file was opened, created or removed",
+                hint=files.UNSAFE_NAME_HINT,
+            )
+        if name in seen:
+            raise files.UnsafePathError(
+                f"{origin} lists {name!r} twice: expected each file once; refused before any file operation",
+                hint=files.UNSAFE_NAME_HINT,
+            )
+        seen.add(name)
+    return entries
 
 
 # --------------------------------------------------------------------------- the endpoint
@@ -516,7 +553,10 @@ def fetch_repo(
 
     revision = _revision_name(require(profile, f"{role}.revision", lock), role)
     base = endpoint_url(endpoint)
-    directory = dest / ref.repo / revision  # one directory per revision: a rollback serves the old one
+    # one directory per revision (a rollback serves the old one); nothing on the way to it or in
+    # it may be a link: the hashing, the removal of a corrupt file and the lock would follow it
+    directory = files.inside(dest, f"{ref.repo}/{revision}", origin=f"profile {profile.name}: {role}")
+    files.no_links_below(directory, origin=f"the revision directory of {ref.repo}@{revision}")
     result = RepoResult(role, ref.repo, revision, str(directory))
     try:
         probe(base, ref.repo, revision, token=token, timeout=timeout, retries=retries)
@@ -527,7 +567,8 @@ def fetch_repo(
     api = HfApi(endpoint=base, token=token)
     try:
         with _bounded_requests(timeout):
-            tree = [e for e in api.list_repo_tree(ref.repo, revision=revision, recursive=True) if hasattr(e, "blob_id")]
+            listed = api.list_repo_tree(ref.repo, revision=revision, recursive=True)
+            tree = checked_tree([e for e in listed if hasattr(e, "blob_id")], ref.repo, revision)
             snapshot_download(
                 ref.repo, revision=revision, local_dir=directory, token=token, endpoint=base, etag_timeout=timeout
             )
@@ -550,10 +591,12 @@ def fetch_repo(
     hashes: dict[str, str] = {}
     problems: list[str] = []
     for entry in tree:
-        path = directory / entry.path
+        path = files.inside(directory, entry.path, origin=f"the hub's file list of {ref.repo}@{revision}")
         result.files += 1
         try:
-            st = path.stat()
+            st = path.lstat()
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(f"not a regular file: {entry.path}")
         except OSError:
             problems.append(f"{entry.path}: listed by the hub for this commit, but not downloaded")
             continue
