@@ -31,6 +31,7 @@ from typing import Any
 import huggingface_hub  # noqa: F401  imported now, with this process's environment: it reads HF_ENDPOINT once
 import pytest
 from tests.badinput.conftest import ROOT, Run, Snapshot, write
+from tests.support import stub
 from tests.support.stub import stubs
 
 from specdeploy.profile import load_profile
@@ -108,7 +109,7 @@ def refused() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"https://127.0.0.1:{port}"
 
 
 @pytest.fixture
@@ -117,7 +118,7 @@ def silent() -> Iterator[str]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    yield f"https://127.0.0.1:{sock.getsockname()[1]}"
     sock.close()
 
 
@@ -153,7 +154,7 @@ def hub() -> Iterator[Callable[[str], str]]:
 
                 do_HEAD = do_GET  # noqa: N815
 
-            return started.start(Handler)
+            return started.start(Handler, tls=True)
 
         yield start
 
@@ -326,7 +327,10 @@ def test_a_program_timeout_that_is_not_a_positive_number_of_seconds_is_refused(
 
 
 def fetch_argv(dest: Path, profile: Path, endpoint: str, tmp_path: Path, *extra: object) -> tuple[object, ...]:
-    return ("fetch", dest, "-p", profile, "--lock", tmp_path / "specdeploy.lock", "--endpoint", endpoint, *extra)
+    return (
+        "fetch", dest, "-p", profile, "--lock", tmp_path / "specdeploy.lock", "--endpoint", endpoint,
+        "--ca-file", stub.ca(), *extra,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("only", ["weights", "both", "Target", ""])

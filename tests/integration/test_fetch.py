@@ -12,15 +12,16 @@ import hashlib
 import json
 import os
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.support.hub import git, make_repo, olah
+from tests.support.stub import ca, stubs
 
+from specdeploy.core.errors import UsageError
 from specdeploy.core.files import UnsafePathError
 from specdeploy.profile import Profile, load_profile
 from specdeploy.profile.lock import Lock
@@ -45,8 +46,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             {"config.json": b'{"architectures": ["Qwen3ForCausalLM"]}', "model.safetensors": WEIGHTS[:1000]},
         ),
     }
-    with olah(root) as url:
-        yield {"url": url, "commits": commits, "mirrors": mirrors}
+    with olah(root) as (url, ca):
+        yield {"url": url, "ca": ca, "commits": commits, "mirrors": mirrors}
 
 
 def _profile(commits: dict[str, str], name: str = "cpu-rehearsal-hub") -> Profile:
@@ -72,6 +73,8 @@ def test_fetch_verifies_every_file_and_records_the_lock(hub: dict[str, Any], tmp
         lock_path,
         "--endpoint",
         hub["url"],
+        "--ca-file",
+        hub["ca"],
         "--json",
     )
     first = cli(*args)
@@ -104,6 +107,7 @@ def test_corrupted_file_on_the_mirror_is_caught_and_not_kept(hub: dict[str, Any]
                 tmp_path / "models",
                 lock=Lock(tmp_path / "l"),
                 endpoint=hub["url"],
+                ca_file=hub["ca"],
                 only="target",
             )
     finally:
@@ -116,26 +120,35 @@ def test_lock_drift_is_refused(hub: dict[str, Any], tmp_path: Path) -> None:
     """A later fetch of the same commit that yields other bytes than the lock recorded."""
     lock = Lock(tmp_path / "l")
     profile = _profile(hub["commits"])
-    fetch(profile, tmp_path / "models", lock=lock, endpoint=hub["url"], only="drafter")
+    fetch(profile, tmp_path / "models", lock=lock, endpoint=hub["url"], ca_file=hub["ca"], only="drafter")
     entry = lock.data["profiles"][profile.name][f"drafter.files@{hub['commits'][DRAFTER]}"]
     entry["value"]["config.json"] = "0" * 64
     lock.path.write_text(json.dumps(lock.data))
     with pytest.raises(FetchError, match="differ from those recorded in the lock"):
-        fetch(profile, tmp_path / "models2", lock=Lock(lock.path), endpoint=hub["url"], only="drafter")
+        fetch(
+            profile, tmp_path / "models2", lock=Lock(lock.path), endpoint=hub["url"], ca_file=hub["ca"], only="drafter"
+        )
 
 
 def test_wrong_revision_is_named(hub: dict[str, Any], tmp_path: Path) -> None:
     other = git(hub["mirrors"] / "models" / DRAFTER, "rev-parse", "HEAD")  # a commit of another repo
     commits = dict(hub["commits"], **{TARGET: other})
     with pytest.raises(FetchError, match=f"{TARGET}.*{other}|{other}.*{TARGET}"):
-        fetch(_profile(commits), tmp_path / "models", lock=Lock(tmp_path / "l"), endpoint=hub["url"], only="target")
+        fetch(
+            _profile(commits),
+            tmp_path / "models",
+            lock=Lock(tmp_path / "l"),
+            endpoint=hub["url"],
+            ca_file=hub["ca"],
+            only="target",
+        )
 
 
 def test_unresolved_revision_is_refused_before_any_download(tmp_path: Path) -> None:
     from specdeploy.core.errors import UnresolvedPinError
 
     with pytest.raises(UnresolvedPinError, match=r"target\.revision, drafter\.revision"):
-        fetch(load_profile("a6000-dflash"), tmp_path, lock=Lock(tmp_path / "l"), endpoint="http://127.0.0.1:9")
+        fetch(load_profile("a6000-dflash"), tmp_path, lock=Lock(tmp_path / "l"), endpoint="https://127.0.0.1:9")
 
 
 class _Gated(BaseHTTPRequestHandler):
@@ -159,26 +172,17 @@ class _Gated(BaseHTTPRequestHandler):
 
 
 def test_gated_refusal_names_the_repo_and_the_fix(tmp_path: Path) -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Gated)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     sha = "a" * 40
     profile = variants.derive(
         load_profile("a6000-dflash"),
         "a6000-dflash-pinned",
         {"drafter": {"revision": {"value": sha, "provenance": "reported", "source": "test"}}},
     )
-    try:
-        with pytest.raises(FetchError) as info:
-            fetch(
-                profile,
-                tmp_path,
-                lock=Lock(tmp_path / "l"),
-                endpoint=f"http://127.0.0.1:{server.server_address[1]}",
-                only="drafter",
-                token="hf_x",
-            )
-    finally:
-        server.shutdown()
+    with stubs() as started, pytest.raises(FetchError) as info:
+        fetch(
+            profile, tmp_path, lock=Lock(tmp_path / "l"), endpoint=started.start(_Gated, tls=True), ca_file=ca(),
+            only="drafter", token="hf_x",
+        )  # fmt: skip
     assert "z-lab/Qwen3.6-27B-DFlash is gated" in str(info.value)
     assert "https://huggingface.co/z-lab/Qwen3.6-27B-DFlash" in str(info.value.hint)
 
@@ -278,21 +282,15 @@ def test_a_mirror_listing_a_name_outside_the_revision_directory_is_refused_befor
     canaries = _canaries(tmp_path)
     passwd = Path("/etc/passwd").read_bytes()
     _HostileTree.NAME, _HostileTree.requests = name, []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _HostileTree)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     commits = {TARGET: "a" * 40, DRAFTER: "b" * 40}
-    opened.clear()
-    try:
+    with stubs() as started:
+        url = started.start(_HostileTree, tls=True)
+        opened.clear()
         with pytest.raises(UnsafePathError) as info:
             fetch(
-                _profile(commits),
-                tmp_path / "models",
-                lock=Lock(tmp_path / "l"),
-                endpoint=f"http://127.0.0.1:{server.server_address[1]}",
+                _profile(commits), tmp_path / "models", lock=Lock(tmp_path / "l"), endpoint=url, ca_file=ca(),
                 only="target",
-            )
-    finally:
-        server.shutdown()
+            )  # fmt: skip
     assert repr(name)[:60] in str(info.value) and "refused before any file" in str(info.value), info.value
     assert not any("/resolve/" in r for r in _HostileTree.requests), _HostileTree.requests
     touched = {str(p) for p in canaries} | {"/etc/passwd"}
@@ -316,7 +314,12 @@ def test_a_revision_directory_holding_a_link_to_outside_is_refused_before_anythi
     opened.clear()
     with pytest.raises(UnsafePathError) as info:
         fetch(
-            _profile(hub["commits"]), tmp_path / "models", lock=Lock(tmp_path / "l"), endpoint=hub["url"], only="target"
+            _profile(hub["commits"]),
+            tmp_path / "models",
+            lock=Lock(tmp_path / "l"),
+            endpoint=hub["url"],
+            ca_file=hub["ca"],
+            only="target",
         )
     assert f"{directory / 'config.json'} (" in str(info.value) and "symbolic link" in str(info.value), info.value
     assert str(canary) not in [os.path.normpath(p) for p in opened], opened
@@ -328,7 +331,91 @@ def test_a_revision_directory_holding_a_link_to_outside_is_refused_before_anythi
     directory.symlink_to(tmp_path / "elsewhere")
     with pytest.raises(UnsafePathError, match="is a symbolic link"):
         fetch(
-            _profile(hub["commits"]), tmp_path / "models", lock=Lock(tmp_path / "l"), endpoint=hub["url"], only="target"
+            _profile(hub["commits"]),
+            tmp_path / "models",
+            lock=Lock(tmp_path / "l"),
+            endpoint=hub["url"],
+            ca_file=hub["ca"],
+            only="target",
         )
     assert list((tmp_path / "elsewhere").iterdir()) == []
     assert all(path.read_bytes() == content for path, content in canaries.items())
+
+
+def test_an_http_endpoint_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    """http:// would send the token and take the file list in clear: refused, naming the fix."""
+    with pytest.raises(UsageError) as info:
+        fetch(_profile({TARGET: "a" * 40, DRAFTER: "b" * 40}), tmp_path / "m", lock=Lock(tmp_path / "l"),
+              endpoint="http://127.0.0.1:9", token="hf_x")  # fmt: skip
+    assert "expected an https:// URL, found http://" in str(info.value) and "in clear" in str(info.value)
+    assert "https://127.0.0.1:9" in str(info.value.hint) and not (tmp_path / "m").exists()
+
+
+def test_a_mirror_whose_certificate_the_site_ca_did_not_sign_is_refused(hub: dict[str, Any], tmp_path: Path) -> None:
+    """The system's trust store (no --ca-file) does not know the site CA: refused, naming --ca-file."""
+    with pytest.raises(FetchError) as info:
+        fetch(_profile(hub["commits"]), tmp_path / "m", lock=Lock(tmp_path / "l"), endpoint=hub["url"],
+              only="target", retries=0)  # fmt: skip
+    assert "TLS certificate is not trusted" in str(info.value) and "--ca-file" in str(info.value)
+    assert not (tmp_path / "m" / TARGET).exists()
+
+
+@pytest.fixture
+def traversable() -> Iterator[Path]:
+    """A directory every account can pass through (pytest's own are root's alone, 0700)."""
+    import shutil
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp(prefix="specdeploy-as-user-", dir="/tmp"))
+    directory.chmod(0o755)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_as_an_unprivileged_account_the_fetch_writes_only_what_it_owns_and_the_lock_stays_roots(
+    hub: dict[str, Any], tmp_path: Path, traversable: Path
+) -> None:
+    """`--as-user`: the download and its verification run as `nobody` (no groups); every file and
+    directory it made is nobody's, the lock (written by the root caller) records the hashes; a
+    destination that account does not own is refused before anything is fetched."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    refused = tmp_path / "root-owned"
+    refused.mkdir()
+    with pytest.raises(UsageError, match="owned by uid 0: the fetch runs as nobody"):
+        fetch(_profile(hub["commits"]), refused, lock=Lock(tmp_path / "l"), endpoint=hub["url"], ca_file=hub["ca"],
+              as_user="nobody")  # fmt: skip
+    assert list(refused.iterdir()) == []
+    models = traversable / "models"
+    models.mkdir(mode=0o750)
+    os.chown(models, nobody.pw_uid, nobody.pw_gid)
+    lock = Lock(tmp_path / "l")
+    results = fetch(
+        _profile(hub["commits"]), models, lock=lock, endpoint=hub["url"], ca_file=hub["ca"], as_user="nobody"
+    )
+    assert [r.verified for r in results] == [3, 3] and all(r.recorded_in_lock for r in results)
+    revision = models / TARGET / hub["commits"][TARGET]
+    assert (revision / "model.safetensors").read_bytes() == WEIGHTS
+    owners = {p.lstat().st_uid for p in models.rglob("*")}
+    assert owners == {nobody.pw_uid}, owners
+    assert (revision / "model.safetensors").stat().st_mode & 0o007 == 0  # its umask: nothing for others
+    assert lock.path.stat().st_uid == 0 and lock.value("cpu-rehearsal-hub", f"target.files@{revision.name}")
+
+
+def test_a_hostile_listing_fetched_as_an_unprivileged_account_is_refused_with_the_same_message(
+    tmp_path: Path, traversable: Path
+) -> None:
+    """The child's refusal comes back to the caller as the same error (class, message, exit code)."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    models = traversable / "models"
+    models.mkdir()
+    os.chown(models, nobody.pw_uid, nobody.pw_gid)
+    _HostileTree.NAME, _HostileTree.requests = "../../../../outside", []
+    with stubs() as started, pytest.raises(UnsafePathError) as info:
+        url = started.start(_HostileTree, tls=True)
+        fetch(_profile({TARGET: "a" * 40, DRAFTER: "b" * 40}), models, lock=Lock(tmp_path / "l"), endpoint=url,
+              ca_file=ca(), only="target", as_user="nobody")  # fmt: skip
+    assert "'../../../../outside'" in str(info.value) and info.value.exit_code == 2

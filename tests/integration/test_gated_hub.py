@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from specdeploy.profile import load_profile
-from specdeploy.rehearsal import hosts, variants
+from specdeploy.rehearsal import hosts, site_ca, variants
 from specdeploy.rehearsal import hub as rehearsal_hub
 
 pytestmark = [pytest.mark.hub, pytest.mark.podman]
@@ -60,7 +60,8 @@ def _fetch(hub: rehearsal_hub.Hub, tmp_path: Path, *extra: str, stdin: str = "")
     env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"} | {"HF_HOME": str(tmp_path / "hf-home")}
     return subprocess.run(
         [sys.executable, "-m", "specdeploy", "fetch", str(tmp_path / "models"), "--profile", str(profile),
-         "--lock", str(tmp_path / "specdeploy.lock"), "--endpoint", hub.endpoint_local, *extra],
+         "--lock", str(tmp_path / "specdeploy.lock"), "--endpoint", hub.endpoint_local, "--ca-file", str(hub.ca),
+         *extra],
         input=stdin, capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
 
@@ -94,18 +95,26 @@ def test_the_rehearsals_hosts_reach_the_hub_at_its_address_on_their_network(hub:
     """From another container on the rehearsal's network (where its hosts are): the target is
     served and the gated drafter refused, at endpoint_in_network."""
     probe = (
-        "import sys, urllib.error, urllib.request\n"
+        "import ssl, sys, urllib.error, urllib.request\n"
+        "trusted = ssl.create_default_context(cafile='/ca.crt')\n"
         "for url in sys.argv[1:]:\n"
-        "    try: print(urllib.request.urlopen(url, timeout=10).status)\n"
+        "    try: print(urllib.request.urlopen(url, timeout=10, context=trusted).status)\n"
         "    except urllib.error.HTTPError as e: print(e.code, e.headers['X-Error-Code'])\n"
+        "    except Exception as e: print('refused', type(e).__name__)\n"
+        "try: urllib.request.urlopen(sys.argv[1], timeout=10); print('served without the CA')\n"
+        "except Exception as e: print('untrusted', type(e).__name__)\n"
     )
+    assert hub.endpoint_in_network.startswith("https://")
     urls = [f"{hub.endpoint_in_network}/api/models/{repo}/revision/{hub.commits[repo]}" for repo in (TARGET, DRAFTER)]
+    plain = urls[0].replace("https://", "http://")  # the same port in clear: no answer in clear
     done = subprocess.run(
         [*hosts.PODMAN.split(), "run", "--rm", "--network", rehearsal_hub.NETWORK, *hosts.RUN_FLAGS,
-         rehearsal_hub.hub_image(), "python3", "-c", probe, *urls],
+         "-v", f"{hub.ca}:/ca.crt:ro", rehearsal_hub.hub_image(), "python3", "-c", probe, *urls, plain],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert done.stdout.split("\n")[:2] == ["200", "401 GatedRepo"], done.stderr
+    lines = done.stdout.split("\n")
+    assert lines[:2] == ["200", "401 GatedRepo"] and lines[2].startswith("refused"), done.stdout + done.stderr
+    assert lines[3].startswith("untrusted"), done.stdout  # a client without the site CA gets nothing
 
 
 def test_the_same_fixtures_give_the_same_commits(hub: rehearsal_hub.Hub, tmp_path: Path) -> None:
@@ -119,8 +128,9 @@ def test_the_same_fixtures_give_the_same_commits(hub: rehearsal_hub.Hub, tmp_pat
 def test_the_token_is_in_no_log_and_not_in_the_containers_settings(hub: rehearsal_hub.Hub) -> None:
     """After a refused and an accepted request for the gated drafter (besides the fetches above)."""
     url = f"{hub.endpoint_local}/api/models/{DRAFTER}/revision/{hub.commits[DRAFTER]}"
-    assert httpx.get(url, headers={"Authorization": "Bearer hf_wrong"}).status_code == 401
-    assert httpx.get(url, headers={"Authorization": f"Bearer {CANARY}"}).status_code == 200
+    trusted = site_ca.trust(hub.ca)
+    assert httpx.get(url, headers={"Authorization": "Bearer hf_wrong"}, verify=trusted).status_code == 401
+    assert httpx.get(url, headers={"Authorization": f"Bearer {CANARY}"}, verify=trusted).status_code == 200
     logs = hub.logs()
     assert f'/api/models/{DRAFTER}/revision/{hub.commits[DRAFTER]} HTTP/1.1" 200' in logs
     assert CANARY not in logs

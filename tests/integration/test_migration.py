@@ -394,8 +394,11 @@ def test_new_switches_to_the_main_job_s_real_model_and_its_gate_shows_the_model_
     base = engine_image.base_in_registry(real, registry=registry.address, cert_dir=registry.cert_dir)
     profiles = deploy.pinned_profile(real, site.rig.served.commits, tmp_path / "profiles", base=base).parent
     run_id = new_run_id()
+    # the chain's engine image (the same Containerfile and wheels) from its archive: the site's lock
+    # records no registry digest for this profile (the main job pushes one; this chain never does)
+    archive = ("-e", "images_source=archive", "-e", f"images_archive_src={site.rig.engine_archive}")
     played = migration.Move.play(
-        site, site.new.name, "-e", f"specdeploy_run_id={run_id}", profile=deploy.PROFILE, profiles=profiles
+        site, site.new.name, "-e", f"specdeploy_run_id={run_id}", *archive, profile=deploy.PROFILE, profiles=profiles
     )
     report = deploy.gate_report(site.new, run_id)
     assert played.returncode == 0, played.stdout[-5000:]

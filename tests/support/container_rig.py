@@ -104,6 +104,7 @@ def play(
         extra_vars={
             "weights_source": "hub",
             "weights_hf_endpoint": rig.served.endpoint_in_network,
+            "weights_hf_ca_src": str(rig.served.ca),
             # the site registry's CA: the base the host build starts from comes from there by its digest
             "images_registry": rig.site.address,
             "images_registry_ca_src": str(rig.site.ca),

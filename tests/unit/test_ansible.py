@@ -215,6 +215,7 @@ def test_the_hub_token_reaches_fetch_and_preflight_on_stdin_only_and_no_empty_mi
     facts = deploy_facts(load_profile("a6000-dflash"), host, layout.InstallLayout(root=tmp_path / "opt"))
     facts["install"]["cli"] = str(cli)
     facts["unit"]["user"] = "root"  # the group the models directory gets (no engine user on this machine)
+    facts["fetch"]["user"] = "root"  # its owner (no fetch account either)
     playbook = tmp_path / "play.yml"
     playbook.write_text(
         "- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles: [preflight, weights]\n"

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from specdeploy.cli import base, output
+from specdeploy.core.errors import UsageError
 from specdeploy.core.keeper import Keeper
 from specdeploy.profile import load_profile
 from specdeploy.weights import fetch as weights
@@ -49,12 +50,30 @@ def fetch(
             "before the fetch gives up (an interrupted download resumes on the next fetch)",
         ),
     ] = weights.DEFAULT_RETRIES,
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--ca-file",
+            help="PEM file of the CA that signed the mirror's TLS certificate (the site CA); default: the "
+            "system's trust store",
+        ),
+    ] = None,
+    as_user: Annotated[
+        str | None,
+        typer.Option(
+            "--as-user",
+            help="run the download and its verification as this unprivileged account (root only; it must own "
+            "DEST); the lock is kept by the calling process",
+        ),
+    ] = None,
     as_json: base.JsonOpt = False,
 ) -> None:
     """Download the target and drafter at their pinned commits and verify every file.
 
     Every file is checked against the hub's hash for the pinned commit, recorded in the
-    lock on first fetch and required to match afterwards; corrupt files are removed. An
+    lock on first fetch and required to match afterwards; corrupt files are removed. The
+    endpoint is https:// only (its certificate checked against --ca-file or the system's trust
+    store), and every file name it lists must stay inside the revision directory. An
     endpoint that is unreachable, hangs or fails is reported after --timeout seconds and
     --retries further tries.
     """
@@ -72,6 +91,8 @@ def fetch(
         only=only,
         timeout=timeout,
         retries=retries,
+        ca_file=ca_file,
+        as_user=as_user,
     )
 
     def table() -> Table:
@@ -110,14 +131,28 @@ def weights_access(
     gid: Annotated[int, typer.Option("--gid", help="the engine's group id (`specdeploy facts`: unit.uid)")],
     models_dir: base.ModelsDirOpt = None,
     serving_dir: base.ServingDirOpt = None,
+    models_owner: Annotated[
+        int,
+        typer.Option(
+            "--models-owner", help="uid owning the models tree: the fetch account's (`specdeploy facts`: fetch.uid)"
+        ),
+    ] = 0,
     check: base.CheckOpt = False,
 ) -> None:
-    """Make the models and serving directories readable by the engine's group only (root-owned,
-    750/640; gated weights are not for every user of the host). Prints JSON {"changed": N}."""
+    """Make the models and serving directories readable by the engine's group only (750/640; gated
+    weights are not for every user of the host): the serving tree root's, the models tree the fetch
+    account's (--models-owner), which writes into it. Prints JSON {"changed": N}."""
     from specdeploy.weights import store
 
+    if not 0 <= models_owner <= store.MAX_GID:
+        raise UsageError(
+            f"--models-owner {models_owner}: expected a uid, 0 to {store.MAX_GID}; nothing was changed",
+            hint="pass the fetch account's uid (`specdeploy facts`: fetch.uid)",
+        )
     host = base.host_layout(models_dir, serving_dir)
-    changed = store.restrict_to_engine([host.models, host.serving], gid, check=check)
+    changed = store.restrict_to_engine(
+        [host.models, host.serving], gid, check=check, owners={host.models: models_owner}
+    )
     output.emit({"changed": len(changed), "paths": changed[:20]}, True, lambda: None)
 
 

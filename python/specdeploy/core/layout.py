@@ -57,6 +57,10 @@ ENGINE_HOME = DATA_ROOT / "home"
 # container's uid is the host's, so the host's engine user has the same ids. Models and serving
 # directories are group-readable by it (not by others: gated weights); the cache is its own.
 ENGINE_UID = 10001
+# The account the weight fetch runs as (`fetch --as-user`): it owns the models tree it writes into,
+# its primary group the engine's (what it writes the engine reads); never root (issue 35).
+FETCH_USER = "specdeploy-fetch"
+FETCH_UID = 10002
 # The launcher every engine starts through (engine.launch): in the build context and in the image.
 LAUNCHER_IN_CONTEXT = "python/specdeploy/engine/launch.py"
 LAUNCHER_IN_IMAGE = "/opt/specdeploy/launch.py"
@@ -177,6 +181,12 @@ class HostLayout:
     def secrets(self) -> Path:
         return self.state / "secrets"
 
+    @property
+    def hub_ca(self) -> Path:
+        """The CA that signed the hub mirror's certificate, when the site gives one (`weights_hf_ca_src`):
+        `specdeploy fetch --ca-file` checks the mirror against it (https:// only)."""
+        return self.state / "hub-ca.crt"
+
     def secret_file(self, name: str) -> Path:
         """The root-only file holding secret `name` (the API key): the source of the podman
         secret, of the venv unit's credential, and what the gate sends."""
@@ -222,7 +232,7 @@ class HostLayout:
     def to_json(self) -> dict[str, str]:
         names = (
             "models", "serving", "state", "cache", "lock", "rollback", "runs", "verified", "golden", "preflight",
-            "drafter_serving", "target_serving", "drafter_source",
+            "drafter_serving", "target_serving", "drafter_source", "hub_ca",
         )  # fmt: skip
         return {name: str(getattr(self, name)) for name in names}
 

@@ -111,6 +111,7 @@ def deploy_facts(
             "config": str(layout.HAPROXY_CONFIG),
             "drain_timeout_s": profile.migration.drain_timeout_s,
         },
+        "fetch": {"user": layout.FETCH_USER, "uid": layout.FETCH_UID},
         "unit": {
             "name": layout.UNIT_NAME,
             "file": str(layout.UNIT_FILES[profile.engine.runtime]),

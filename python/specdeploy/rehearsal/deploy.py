@@ -418,6 +418,7 @@ def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) 
             extra_vars={
                 "weights_source": "hub",
                 "weights_hf_endpoint": served.endpoint_in_network,
+                "weights_hf_ca_src": str(served.ca),  # the hub is https://, its certificate the site CA's
                 # build once, pull by digest: the image built and pushed above, the site CA trusted
                 "images_source": "pull",
                 "images_registry": site.address,

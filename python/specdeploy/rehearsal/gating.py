@@ -14,6 +14,10 @@ Authorization header is not passed on to olah, and only request lines are logged
 Standard library only: it runs with a bare `python3` in the hub's container.
 
     python3 gating.py --listen HOST:PORT --upstream http://HOST:PORT --token-file PATH --gated REPO [--gated REPO]
+        [--tls-cert CERT --tls-key KEY]
+
+With a certificate (the rehearsal always gives one, from its site CA) it serves https: the token
+and the weights' file list never cross the test network in clear, as production demands.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ import argparse
 import hmac
 import http.client
 import json
+import socket
+import ssl
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 CHUNK = 1 << 16
@@ -62,11 +69,37 @@ def refusal(repo: str) -> tuple[dict[str, str], bytes]:
 class GatingProxy(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, listen: tuple[str, int], upstream: str, token: str, gated: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        listen: tuple[str, int],
+        upstream: str,
+        token: str,
+        gated: tuple[str, ...],
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         super().__init__(listen, Handler)
         self.upstream = urlsplit(upstream)
         self.token = token
         self.gated = gated
+        self.tls = tls
+        self.scheme = "https" if tls is not None else "http"
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """Each connection wrapped in TLS; its handshake runs in the connection's own thread (on the
+        first read), so a client that stalls in it holds no one else up."""
+        sock, address = super().get_request()
+        if self.tls is not None:
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, address
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A failed handshake (a client that does not trust the CA) is one line, not a traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ssl.SSLError | ConnectionError):
+            sys.stderr.write(f"{client_address[0]}: TLS: {exc}\n")
+            sys.stderr.flush()
+            return
+        super().handle_error(request, client_address)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -159,7 +192,7 @@ class Handler(BaseHTTPRequestHandler):
         client = self.headers.get("Host")
         if parts.netloc != self.server.upstream.netloc or not client:
             return location
-        return urlunsplit(parts._replace(netloc=client))
+        return urlunsplit(parts._replace(scheme=self.server.scheme, netloc=client))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -168,13 +201,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upstream", required=True, help="olah's URL, http://HOST:PORT")
     parser.add_argument("--token-file", required=True, type=Path, help="file holding the one accepted token")
     parser.add_argument("--gated", action="append", default=[], help="a gated repository id (repeatable)")
+    parser.add_argument("--tls-cert", type=Path, help="serve https with this certificate (PEM, the site CA's)")
+    parser.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
     args = parser.parse_args(argv)
+    tls = None
+    if args.tls_cert is not None:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.minimum_version = ssl.TLSVersion.TLSv1_2
+        tls.load_cert_chain(args.tls_cert, args.tls_key)
     token = args.token_file.read_text().strip()
     if not token:
         parser.error(f"{args.token_file} holds no token")
     host, _, port = args.listen.rpartition(":")
-    server = GatingProxy((host, int(port)), args.upstream, token, tuple(args.gated))
-    sys.stderr.write(f"gating {', '.join(args.gated) or 'nothing'} on {args.listen} -> {args.upstream}\n")
+    server = GatingProxy((host, int(port)), args.upstream, token, tuple(args.gated), tls)
+    scheme = "https" if tls is not None else "http"
+    sys.stderr.write(f"gating {', '.join(args.gated) or 'nothing'} on {scheme}://{args.listen} -> {args.upstream}\n")
     sys.stderr.flush()
     server.serve_forever()
 

@@ -40,7 +40,7 @@ from specdeploy.core import envlock
 from specdeploy.core.cache import cache_dir, exclusive
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.profile import load_profile
-from specdeploy.rehearsal import archive, gating, hosts, real_model, variants
+from specdeploy.rehearsal import archive, gating, hosts, real_model, site_ca, variants
 from specdeploy.weights.fetch import models_of
 
 # olah and every dependency as locks/hub-olah.txt pins them (exact versions, each file's sha256).
@@ -79,6 +79,7 @@ _MIRRORS = "/srv/hub/mirrors"
 _TOKEN = "/run/secrets/hub-token"
 _CONFIG = "/etc/olah/olah.toml"
 _GATING = "/opt/hub/gating.py"
+_TLS_CERT, _TLS_KEY = "/opt/hub/tls/server.crt", "/opt/hub/tls/server.key"
 _LOGS = "/var/log/olah"
 _REPOS = "/var/lib/olah"
 _LABEL = "specdeploy.hub"
@@ -163,14 +164,16 @@ def served_commits(mirrors: Path) -> dict[str, str]:
 # --------------------------------------------------------------------------- olah
 
 
-def olah_config(*, host: str, port: int, repos: str, mirrors: str) -> str:
-    """olah.toml serving `mirrors` offline (an unused address for the hub it would proxy)."""
+def olah_config(*, host: str, port: int, repos: str, mirrors: str, tls: bool = False) -> str:
+    """olah.toml serving `mirrors` offline (an unused address for the hub it would proxy); `tls`:
+    olah itself serves https (its redirects say so), else a TLS proxy stands in front of it."""
     return (
         "[basic]\n"
         f'host = "{host}"\nport = {port}\n'
         f'repos-path = "{repos}"\n'
         'hf-scheme = "http"\nhf-netloc = "127.0.0.1:9"\nhf-lfs-netloc = "127.0.0.1:9"\n'
-        f'mirror-scheme = "http"\nmirror-netloc = "{host}:{port}"\nmirror-lfs-netloc = "{host}:{port}"\n'
+        f'mirror-scheme = "{"https" if tls else "http"}"\n'
+        f'mirror-netloc = "{host}:{port}"\nmirror-lfs-netloc = "{host}:{port}"\n'
         f'mirrors-path = ["{mirrors}"]\n'
         "[accessibility]\noffline = true\n"
     )
@@ -222,32 +225,33 @@ def _free_port() -> int:
 
 
 @contextmanager
-def olah(root: Path) -> Iterator[str]:
-    """Serve `root/mirrors` with olah on a free loopback port; yields the endpoint URL."""
+def olah(root: Path) -> Iterator[tuple[str, Path]]:
+    """Serve `root/mirrors` with olah over https (a certificate from the site CA) on a free loopback
+    port; yields the endpoint URL and the CA file that verifies it."""
     port = _free_port()
     (root / "repos").mkdir(parents=True, exist_ok=True)
+    tls = site_ca.issue(root / "tls", ips=["127.0.0.1"])
     config = root / "olah.toml"
     config.write_text(
-        olah_config(host="127.0.0.1", port=port, repos=str(root / "repos"), mirrors=str(root / "mirrors"))
+        olah_config(host="127.0.0.1", port=port, repos=str(root / "repos"), mirrors=str(root / "mirrors"), tls=True)
     )
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
+    argv = [str(olah_cli()), "-c", str(config), "--log-path", str(logs), "--ssl-key", str(tls.key)]
     with open(logs / "stdout.log", "wb") as out:
-        process = subprocess.Popen(
-            [str(olah_cli()), "-c", str(config), "--log-path", str(logs)], stdout=out, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
+        process = subprocess.Popen([*argv, "--ssl-cert", str(tls.cert)], stdout=out, stderr=subprocess.STDOUT)
+    url = f"https://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                httpx.get(f"{url}/api/models", timeout=1)
+                httpx.get(f"{url}/api/models", timeout=1, verify=site_ca.trust(tls.ca))
                 break
             except httpx.HTTPError:
                 if process.poll() is not None:
                     raise HubError(f"olah exited: {(logs / 'stdout.log').read_text()[-2000:]}") from None
                 time.sleep(0.3)
-        yield url
+        yield url, tls.ca
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -345,6 +349,7 @@ class Hub:
     endpoint_local: str  # for the controller
     commits: dict[str, str]  # repository -> the commit its main branch is at
     workdir: Path
+    ca: Path  # the site CA that signed the hub's certificate (both endpoints are https://)
 
     def logs(self) -> str:
         """The proxy's request lines and olah's output (`podman logs`), then olah's log files."""
@@ -353,13 +358,16 @@ class Hub:
         return "\n".join([done.stdout + done.stderr, *(p.read_text(errors="replace") for p in files)])
 
 
-def _fingerprint(image: str, mirrors: Path, token_file: Path, workdir: Path, gated: Sequence[str], port: int) -> str:
+def _fingerprint(
+    image: str, mirrors: Path, token_file: Path, workdir: Path, gated: Sequence[str], port: int, cert: bytes
+) -> str:
     """What makes two hubs the same: the token file by identity, not content (no value
     derived from the token is ever stored in the container's metadata)."""
     token = token_file.stat()
     parts = [
         image, str(mirrors), str(token_file), token.st_ino, token.st_mtime_ns, token.st_size, str(workdir),
         sorted(gated), port, hashlib.sha256(Path(gating.__file__).read_bytes()).hexdigest(),
+        hashlib.sha256(cert).hexdigest(),
     ]  # fmt: skip
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
@@ -378,8 +386,11 @@ def start_hub(
     mirrors, token_file, workdir = mirrors.resolve(), token_file.resolve(), workdir.resolve()
     image = hub_image()
     ensure_network()
-    fingerprint = _fingerprint(image, mirrors, token_file, workdir, gated, port)
-    served = Hub(name, f"http://{HUB_IP}:{HUB_PORT}", f"http://127.0.0.1:{port}", served_commits(mirrors), workdir)
+    tls = site_ca.issue(workdir / "tls", ips=[HUB_IP, "127.0.0.1"])
+    fingerprint = _fingerprint(image, mirrors, token_file, workdir, gated, port, tls.cert.read_bytes())
+    served = Hub(
+        name, f"https://{HUB_IP}:{HUB_PORT}", f"https://127.0.0.1:{port}", served_commits(mirrors), workdir, tls.ca
+    )
     if not served.commits:
         raise HubError(f"{mirrors} holds no repository under models/<org>/<name>", hint="run mirror_fixtures first")
     token = token_file.read_text().strip()
@@ -394,6 +405,7 @@ def start_hub(
     proxy = [
         "python3", _GATING, "--listen", f"0.0.0.0:{HUB_PORT}", "--upstream", f"http://127.0.0.1:{_OLAH_PORT}",
         "--token-file", _TOKEN, *(arg for repo in gated for arg in ("--gated", repo)),
+        "--tls-cert", _TLS_CERT, "--tls-key", _TLS_KEY,
     ]  # fmt: skip
     script = f"/opt/olah/bin/olah-cli -c {_CONFIG} --log-path {_LOGS} & exec {shlex.join(proxy)}"
     started = _podman(
@@ -402,6 +414,7 @@ def start_hub(
         "--tmpfs", _REPOS,
         "-v", f"{mirrors}:{_MIRRORS}:ro", "-v", f"{token_file}:{_TOKEN}:ro",
         "-v", f"{workdir / 'olah.toml'}:{_CONFIG}:ro", "-v", f"{gating.__file__}:{_GATING}:ro",
+        "-v", f"{tls.cert}:{_TLS_CERT}:ro", "-v", f"{tls.key}:{_TLS_KEY}:ro",
         "-v", f"{workdir / 'logs'}:{_LOGS}",
         image, "sh", "-c", script,
         check=False,
@@ -430,7 +443,9 @@ def _ready(served: Hub, token: str, *, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=2).status_code == 200:
+            bearer = {"Authorization": f"Bearer {token}"}
+            answer = httpx.get(url, headers=bearer, timeout=2, verify=site_ca.trust(served.ca))
+            if answer.status_code == 200:
                 return True
         except httpx.HTTPError:
             pass

@@ -146,7 +146,7 @@ def site_deploy_args(*, wheels: Path, registry: str, ca: Path, hub_endpoint: str
         "images_registry": registry,
         "images_registry_ca_src": str(ca),
         "images_source": "pull",
-    } | ({"weights_hf_endpoint": hub_endpoint} if hub_endpoint else {})
+    } | ({"weights_hf_endpoint": hub_endpoint, "weights_hf_ca_src": str(ca)} if hub_endpoint else {})
     return [a for key, value in values.items() for a in ("-e", f"{key}={value}")]
 
 

@@ -12,9 +12,7 @@ network's bridge; the hosts on the network.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
-import ipaddress
 import json
 import ssl
 import time
@@ -26,7 +24,7 @@ import httpx
 from specdeploy.core import atomic
 from specdeploy.core.cache import cache_dir
 from specdeploy.core.errors import SpecdeployError
-from specdeploy.rehearsal import hosts
+from specdeploy.rehearsal import hosts, site_ca
 from specdeploy.rehearsal.hub import NETWORK, _podman, ensure_network
 
 REGISTRY_IP = "10.89.64.11"
@@ -54,61 +52,10 @@ class Registry:
 
 
 def _certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """The site CA and the registry's server certificate (for REGISTRY_IP), made once."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    ca_crt, server_crt, server_key = directory / "ca.crt", directory / "server.crt", directory / "server.key"
-    if ca_crt.is_file() and server_crt.is_file() and server_key.is_file():
-        return ca_crt, server_crt, server_key
-    atomic.ensure_dir(directory)
-    now = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
-    later = now + dt.timedelta(days=3650)
-
-    def name(common: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(name("specdeploy rehearsal site CA"))
-        .issuer_name(name("specdeploy rehearsal site CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(later)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    server = (
-        x509.CertificateBuilder()
-        .subject_name(name(REGISTRY_IP))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(later)
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address(REGISTRY_IP)), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    atomic.write_bytes(
-        server_key,
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
-        mode=0o600,
-    )
-    atomic.write_bytes(server_crt, server.public_bytes(pem), mode=0o644)
-    atomic.write_bytes(ca_crt, ca.public_bytes(pem), mode=0o644)  # last: its presence means all three are there
-    return ca_crt, server_crt, server_key
+    """The site CA and the registry's server certificate (for REGISTRY_IP), issued by the
+    rehearsal's site CA (which signs the hub's too)."""
+    issued = site_ca.issue(directory, ips=[REGISTRY_IP, "127.0.0.1"])
+    return issued.ca, issued.cert, issued.key
 
 
 def config() -> str:

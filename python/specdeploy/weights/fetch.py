@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import re
+import ssl
 import stat
 import sys
 import tempfile
@@ -28,13 +29,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from specdeploy.core import atomic, files
+from specdeploy.core import atomic, files, privilege
 from specdeploy.core.errors import SpecdeployError, UnresolvedPinError, UsageError
 from specdeploy.profile import ModelRef, Profile
 from specdeploy.profile.lock import Lock, require
 
 STATE_DIR = ".specdeploy"
 STATE_FILE = "verified.json"
+# The hub client's packages, imported in full before the fetch becomes its own account: they load
+# parts lazily, and an install that account cannot read (a venv under /root) would fail half-way.
+HUB_CLIENT_PACKAGES = ("huggingface_hub", "httpx2", "httpcore", "h11", "anyio", "filelock", "tqdm", "idna", "sniffio")
+FETCH_HOME = ".specdeploy-fetch-home"  # under the models directory: the fetch account's home (hub client state)
 
 
 def models_of(profile: Profile) -> list[tuple[str, ModelRef]]:
@@ -253,8 +258,16 @@ def endpoint_url(endpoint: str | None, *, origin: str = "--endpoint") -> str:
             "nothing was fetched",
             hint=f"pass e.g. {origin} https://huggingface.co",
         ) from None
+    if parts.scheme == "http" and parts.hostname:
+        raise UsageError(
+            f"{origin} {endpoint!r}: expected an https:// URL, found http://: the hub token and the weights' file "
+            "list would cross the network in clear (anyone on the path reads the token, or answers with other "
+            "files); nothing was fetched",
+            hint=f"serve the mirror over TLS and pass {origin} https://{endpoint.strip()[len('http://') :]} "
+            "(a certificate from the site CA: pass --ca-file with the CA when the host's trust store lacks it)",
+        )
     if (
-        parts.scheme not in ("http", "https")
+        parts.scheme != "https"
         or not parts.hostname
         or not port_ok
         or parts.query
@@ -264,14 +277,14 @@ def endpoint_url(endpoint: str | None, *, origin: str = "--endpoint") -> str:
         bare = "://" not in endpoint
         if bare:
             found = "no scheme"
-        elif parts.scheme not in ("http", "https"):
+        elif parts.scheme != "https":
             found = f"the scheme {parts.scheme!r}"
         else:
             found = "no host, a bad port, a query or a space"
         raise UsageError(
-            f"{origin} {endpoint!r}: expected the base URL of the hub or a mirror (http:// or https://, a host, "
+            f"{origin} {endpoint!r}: expected the base URL of the hub or a mirror (https://, a host, "
             f"no query), found {found}; nothing was fetched",
-            hint=f"pass e.g. {origin} http://{endpoint.strip()}"
+            hint=f"pass e.g. {origin} https://{endpoint.strip()}"
             if bare
             else f"pass e.g. {origin} https://huggingface.co",
         )
@@ -291,15 +304,38 @@ def _network_reason(exc: Exception, timeout: float) -> str:
     if isinstance(exc, hub_httpx.TimeoutException):
         return f"no answer within {timeout:g} s"
     text = " ".join(str(exc).split()) or type(exc).__name__
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text.lower():
+        return (
+            f"its TLS certificate is not trusted ({text}): pass --ca-file with the site CA that signed it "
+            "(or add the CA to the host's trust store)"
+        )
     if "refused" in text.lower():
         return f"connection refused ({text})"
     return text
 
 
+def tls_context(ca_file: Path | None) -> ssl.SSLContext:
+    """How the endpoint's certificate is checked: against `ca_file` (the site CA) when given, else the
+    system's trust store ($SSL_CERT_FILE honoured). A CA file that cannot be read is refused by name."""
+    if ca_file is None:
+        cafile = os.environ.get("SSL_CERT_FILE") or None
+        return ssl.create_default_context(cafile=cafile)
+    data = files.read_bytes(ca_file, what="CA certificate file", limit=files.LIMITS["json"])
+    try:
+        return ssl.create_default_context(cadata=data.decode("ascii", errors="replace"))
+    except (ssl.SSLError, ValueError) as exc:
+        raise UsageError(
+            f"--ca-file {ca_file}: expected PEM certificates (-----BEGIN CERTIFICATE-----), found none that load "
+            f"({exc}); nothing was fetched",
+            hint="pass the site CA's certificate in PEM (the one the registry's ca.crt holds)",
+        ) from None
+
+
 @contextmanager
-def _bounded_requests(timeout: float) -> Iterator[None]:
+def _bounded_requests(timeout: float, verify: ssl.SSLContext | None = None) -> Iterator[None]:
     """huggingface_hub's shared client with a timeout on every request while the fetch runs (its
-    default client has none: a server that accepts and never answers held the fetch forever)."""
+    default client has none: a server that accepts and never answers held the fetch forever), and
+    the endpoint's certificate checked with `verify` (the site CA)."""
     import huggingface_hub
     from huggingface_hub.utils import _http
 
@@ -309,7 +345,12 @@ def _bounded_requests(timeout: float) -> Iterator[None]:
         return
 
     def bounded() -> Any:
-        client = default()
+        if verify is None:
+            client = default()
+        else:  # the pinned huggingface_hub's default client, with the site's trust
+            client = _http.httpx2.Client(
+                event_hooks={"request": [_http.hf_request_event_hook]}, follow_redirects=True, verify=verify
+            )
         client.timeout = timeout
         return client
 
@@ -337,6 +378,9 @@ def probe(endpoint: str, repo: str, revision: str, *, token: str | None, timeout
             response = _bounded_get(url, headers=headers, timeout=timeout)
         except _transport_errors() as exc:
             reason, answered = _network_reason(exc, timeout), False
+            if "certificate is not trusted" in reason:
+                retries = attempt  # another try meets the same certificate
+                break
             continue
         if response is None:
             raise FetchError(
@@ -517,6 +561,19 @@ def _prepare_destination(dest: Path) -> list[Path]:
     return created
 
 
+def _owned_by(dest: Path, who: privilege.Account, created: list[Path]) -> None:
+    """The destination the fetch account writes into: made here (then given to it) or already its own."""
+    if Path(dest) in created:  # made by this run (its parents stay root's)
+        os.chown(dest, who.uid, who.gid)
+    owner = os.stat(dest).st_uid
+    if owner != who.uid:
+        raise UsageError(
+            f"destination {dest} is owned by uid {owner}: the fetch runs as {who.name} (uid {who.uid}), which must "
+            "own the models directory; nothing was fetched",
+            hint=f"chown -R {who.name}: {dest} (the deploy's weights role does), or leave --as-user out",
+        )
+
+
 def _remove_created(created: list[Path]) -> None:
     for directory in reversed(created):
         with contextlib.suppress(OSError):
@@ -548,36 +605,17 @@ def fetch_repo(
     endpoint: str | None,
     timeout: float = DEFAULT_TIMEOUT_S,
     retries: int = DEFAULT_RETRIES,
+    verify: ssl.SSLContext | None = None,
+    as_user: privilege.Account | None = None,
 ) -> RepoResult:
-    from huggingface_hub import HfApi, snapshot_download
-
+    """Download and verify one repository at its pinned commit (as `as_user` when given: the
+    network-facing part never runs as root), then compare with, or record in, the lock."""
     revision = _revision_name(require(profile, f"{role}.revision", lock), role)
     base = endpoint_url(endpoint)
     # one directory per revision (a rollback serves the old one); nothing on the way to it or in
     # it may be a link: the hashing, the removal of a corrupt file and the lock would follow it
     directory = files.inside(dest, f"{ref.repo}/{revision}", origin=f"profile {profile.name}: {role}")
     files.no_links_below(directory, origin=f"the revision directory of {ref.repo}@{revision}")
-    result = RepoResult(role, ref.repo, revision, str(directory))
-    try:
-        probe(base, ref.repo, revision, token=token, timeout=timeout, retries=retries)
-    except SpecdeployError:
-        raise
-    except Exception as exc:  # huggingface_hub's typed HTTP errors for a 4xx
-        raise _download_failure(exc, ref.repo, revision, directory, token=token, timeout=timeout) from None
-    api = HfApi(endpoint=base, token=token)
-    try:
-        with _bounded_requests(timeout):
-            listed = api.list_repo_tree(ref.repo, revision=revision, recursive=True)
-            tree = checked_tree([e for e in listed if hasattr(e, "blob_id")], ref.repo, revision)
-            snapshot_download(
-                ref.repo, revision=revision, local_dir=directory, token=token, endpoint=base, etag_timeout=timeout
-            )
-    except SpecdeployError:
-        raise
-    except Exception as exc:  # whatever the hub client raised: named, never a traceback
-        raise _download_failure(exc, ref.repo, revision, directory, token=token, timeout=timeout) from None
-
-    state = _load_state(directory)
     key = lock_key(role, revision)
     recorded: dict[str, str] | None = lock.value(profile.name, key)
     if recorded is not None and not (
@@ -588,10 +626,76 @@ def fetch_repo(
             f"found {type(recorded).__name__}; the files cannot be compared with it",
             hint="restore the lock from version control (it records the hashes verified at the first fetch)",
         )
+
+    def download() -> dict[str, Any]:
+        result, hashes = _download_and_verify(
+            role, ref.repo, revision, directory, base=base, token=token, timeout=timeout, retries=retries, verify=verify
+        )
+        return {"result": result.__dict__, "hashes": hashes}
+
+    if as_user is not None:  # the hub client loaded while this process can still read all of its install
+        privilege.preload(HUB_CLIENT_PACKAGES)
+    done = download() if as_user is None else privilege.run_as(as_user, download, home=dest / FETCH_HOME)
+    result, hashes = RepoResult(**done["result"]), done["hashes"]
+    # what the child sent is checked as any input from the network is
+    for name in hashes:
+        files.relative_name(name, origin=f"the verified file list of {ref.repo}@{revision}")
+    if recorded is None:
+        result.recorded_in_lock = lock.record(profile.name, key, hashes, by="fetch", detail={"revision": revision})
+    else:
+        drift = sorted(p for p in set(recorded) | set(hashes) if recorded.get(p) != hashes.get(p))
+        if drift:
+            raise FetchError(
+                f"{ref.repo}@{revision}: files differ from those recorded in the lock {lock.path} at first fetch: "
+                + ", ".join(drift[:10]),
+                hint="a mirror or the hub serves other bytes for the same commit; do not deploy until explained",
+            )
+    return result
+
+
+def _download_and_verify(
+    role: str,
+    repo: str,
+    revision: str,
+    directory: Path,
+    *,
+    base: str,
+    token: str | None,
+    timeout: float,
+    retries: int,
+    verify: ssl.SSLContext | None,
+) -> tuple[RepoResult, dict[str, str]]:
+    """The network-facing part: list, check every name, download, hash each file against the hub's
+    hash for the commit (a mismatch removed). Touches only `directory`; returns the result and the
+    verified sha256 of every file."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    result = RepoResult(role, repo, revision, str(directory))
+    try:
+        with _bounded_requests(timeout, verify):
+            probe(base, repo, revision, token=token, timeout=timeout, retries=retries)
+    except SpecdeployError:
+        raise
+    except Exception as exc:  # huggingface_hub's typed HTTP errors for a 4xx
+        raise _download_failure(exc, repo, revision, directory, token=token, timeout=timeout) from None
+    api = HfApi(endpoint=base, token=token)
+    try:
+        with _bounded_requests(timeout, verify):
+            listed = api.list_repo_tree(repo, revision=revision, recursive=True)
+            tree = checked_tree([e for e in listed if hasattr(e, "blob_id")], repo, revision)
+            snapshot_download(
+                repo, revision=revision, local_dir=directory, token=token, endpoint=base, etag_timeout=timeout
+            )
+    except SpecdeployError:
+        raise
+    except Exception as exc:  # whatever the hub client raised: named, never a traceback
+        raise _download_failure(exc, repo, revision, directory, token=token, timeout=timeout) from None
+
+    state = _load_state(directory)
     hashes: dict[str, str] = {}
     problems: list[str] = []
     for entry in tree:
-        path = files.inside(directory, entry.path, origin=f"the hub's file list of {ref.repo}@{revision}")
+        path = files.inside(directory, entry.path, origin=f"the hub's file list of {repo}@{revision}")
         result.files += 1
         try:
             st = path.lstat()
@@ -633,21 +737,11 @@ def fetch_repo(
     _save_state(directory, state)
     if problems:
         raise FetchError(
-            f"{ref.repo}@{revision}: {len(problems)} file(s) do not match the hub's hashes and were removed:\n  "
+            f"{repo}@{revision}: {len(problems)} file(s) do not match the hub's hashes and were removed:\n  "
             + "\n  ".join(problems),
             hint="run the fetch again to download them anew; if it repeats, the mirror or disk is corrupting data",
         )
-    if recorded is None:
-        result.recorded_in_lock = lock.record(profile.name, key, hashes, by="fetch", detail={"revision": revision})
-    else:
-        drift = sorted(p for p in set(recorded) | set(hashes) if recorded.get(p) != hashes.get(p))
-        if drift:
-            raise FetchError(
-                f"{ref.repo}@{revision}: files differ from those recorded in the lock {lock.path} at first fetch: "
-                + ", ".join(drift[:10]),
-                hint="a mirror or the hub serves other bytes for the same commit; do not deploy until explained",
-            )
-    return result
+    return result, hashes
 
 
 def fetch(
@@ -660,6 +754,8 @@ def fetch(
     only: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     retries: int = DEFAULT_RETRIES,
+    ca_file: Path | None = None,
+    as_user: str | None = None,
 ) -> list[RepoResult]:
     """Fetch the profile's target and drafter (those that live on a hub) and verify them.
 
@@ -703,13 +799,18 @@ def fetch(
         )
     for role, _ in refs:
         _revision_name(require(profile, f"{role}.revision", lock), role)
+    verify = tls_context(ca_file)
+    who = privilege.account(as_user) if as_user is not None else None
     created = _prepare_destination(dest)
     try:
+        if who is not None:
+            _owned_by(dest, who, created)
         return [
             fetch_repo(
-                role, ref, profile, dest, lock=lock, token=token, endpoint=base, timeout=timeout, retries=retries
+                role, ref, profile, dest, lock=lock, token=token, endpoint=base, timeout=timeout, retries=retries,
+                verify=verify, as_user=who,
             )
             for role, ref in refs
-        ]
+        ]  # fmt: skip
     finally:
         _remove_created(created)  # only directories still empty: a fetch that wrote nothing leaves nothing

@@ -460,9 +460,12 @@ def _passing_run(report: Path) -> tuple[str, list[str]]:
 # --------------------------------------------------------------------------- access
 
 
-def restrict_to_engine(roots: list[Path], gid: int, *, check: bool = False) -> list[str]:
+def restrict_to_engine(
+    roots: list[Path], gid: int, *, check: bool = False, owners: dict[Path, int] | None = None
+) -> list[str]:
     """Make the models and serving trees readable by the engine's group and nobody else
-    (gated weights): root-owned, group `gid`, directories 750, files 640, links left pointing
+    (gated weights): owned by root (or by `owners[root]`: the fetch account owns the models tree it
+    writes into), group `gid`, directories 750, files 640, links left pointing
     where they point. Returns the paths changed (or that would be, with `check`). Ansible's
     file module cannot do this idempotently: under --check it reports every symlink as
     changed (a link has no mode of its own)."""
@@ -488,21 +491,21 @@ def restrict_to_engine(roots: list[Path], gid: int, *, check: bool = False) -> l
                 hint="pass --models-dir and --serving-dir the directories specdeploy keeps weights in",
             )
 
-    def fix(path: Path, mode: int | None) -> None:
+    def fix(path: Path, mode: int | None, uid: int) -> None:
         st = path.lstat()
         wrong_mode = mode is not None and (st.st_mode & 0o7777) != mode
-        if (st.st_uid, st.st_gid) == (0, gid) and not wrong_mode:
+        if (st.st_uid, st.st_gid) == (uid, gid) and not wrong_mode:
             return
         changed.append(str(path))
         if check:
             return
         try:
-            os.lchown(path, 0, gid)
+            os.lchown(path, uid, gid)
             if mode is not None:
                 os.chmod(path, mode)
         except OSError as exc:
             raise WeightsError(
-                f"cannot give {path} to root:{gid} mode {oct(mode or 0)}: {exc.strerror or exc}; "
+                f"cannot give {path} to {uid}:{gid} mode {oct(mode or 0)}: {exc.strerror or exc}; "
                 f"{len(changed) - 1} path(s) changed before it",
                 hint="run as root (the deploy does), on a filesystem that keeps ownership, then run this again",
             ) from None
@@ -510,12 +513,13 @@ def restrict_to_engine(roots: list[Path], gid: int, *, check: bool = False) -> l
     for root in roots:
         if not Path(root).exists():
             continue
-        fix(Path(root), DIR_MODE)
+        uid = (owners or {}).get(Path(root), 0)
+        fix(Path(root), DIR_MODE, uid)
         for directory, dirs, names in os.walk(root):
             for name in dirs:
                 path = Path(directory) / name
-                fix(path, None if path.is_symlink() else DIR_MODE)
+                fix(path, None if path.is_symlink() else DIR_MODE, uid)
             for name in names:
                 path = Path(directory) / name
-                fix(path, None if path.is_symlink() else FILE_MODE)
+                fix(path, None if path.is_symlink() else FILE_MODE, uid)
     return changed
