@@ -103,6 +103,29 @@ def test_a_hook_that_is_not_executable_is_named_with_the_fix(run: Run, tmp_path:
     run("watch", "check", "--state-dir", state).expect(2, str(hook), "not executable", fix=f"chmod +x {hook}")
 
 
+@pytest.mark.parametrize("flaw", ["writable-by-others", "owned-by-another-account", "directory-writable"])
+def test_a_hook_another_account_could_replace_is_refused_before_it_runs_as_root(
+    run: Run, tmp_path: Path, flaw: str
+) -> None:
+    """The light gate runs the hook as root: a program (or a directory above it) that another account
+    owns or may write is refused, naming the place and the fix (issue 35)."""
+    ran = tmp_path / "ran"
+    hook = write(tmp_path / "hooks" / "page-oncall", f"#!/bin/sh\ntouch {ran}\n")
+    hook.chmod(0o755)
+    place = hook
+    if flaw == "writable-by-others":
+        hook.chmod(0o757)
+    elif flaw == "owned-by-another-account":
+        os.chown(hook, 65534, 65534)
+    else:
+        place = hook.parent
+        place.chmod(0o777)
+    state = _state(tmp_path, {"textfile": None, "hook": [str(hook)]})
+    run("watch", "check", "--state-dir", state).expect(2, str(place), "the light gate runs the hook as root",
+                                                       fix=f"chown root:root {place}")  # fmt: skip
+    assert not ran.exists()
+
+
 def test_a_settings_file_that_is_a_directory_is_refused(run: Run, tmp_path: Path) -> None:
     state = tmp_path / "state"
     (state / "watch" / "config.json").mkdir(parents=True)

@@ -89,7 +89,7 @@ def adopt(host: layout.HostLayout, identity_key: str, identity: dict[str, Any], 
     record = files.read_json(recorded, what="recorded golden transcript")
     target = path(host, identity_key)
     atomic.ensure_dir(host.golden)
-    atomic.write_json(target, {**record, "identity_key": identity_key, "identity": identity})
+    atomic.write_json(target, {**record, "identity_key": identity_key, "identity": identity}, mode=0o640)
     _prune(host, keep={target})
     return target
 

@@ -157,7 +157,10 @@ class GateReport:
         }
 
     def write(self) -> None:
-        atomic.write_json(self.directory / REPORT, self.to_json())
+        atomic.write_json(self.directory / REPORT, self.to_json(), mode=REPORT_MODE)
+
+
+REPORT_MODE = 0o640  # root reads and writes, its group reads; others nothing (the state directory is 0750 too)
 
 
 def new_run_id() -> str:

@@ -241,4 +241,4 @@ def load(path: Path) -> Snapshot | None:
 def save(path: Path, snapshot: Snapshot) -> None:
     """Keep `snapshot` for the next light gate (atomically: a reader sees the old or the new)."""
     atomic.ensure_dir(path.parent)
-    atomic.write_json(path, snapshot.to_json())
+    atomic.write_json(path, snapshot.to_json(), mode=0o640)

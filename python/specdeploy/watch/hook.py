@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +111,18 @@ def check_hook(value: Any, origin: str) -> tuple[str, ...]:
             f"{origin}: hook program {program} is {found}: expected an executable file",
             hint=f"install the hook program on this host (chmod +x {program}), or correct watch_hook in the inventory",
         )
+    # the light gate runs as root: a hook another account could replace would run its code as root
+    for place in (program, *program.parents):
+        st = place.stat()
+        shared = place != program and st.st_mode & stat.S_ISVTX  # a sticky /tmp: others add, never replace
+        if st.st_uid != 0 or (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not shared):
+            mode = oct(st.st_mode & 0o777)
+            who = f"owned by uid {st.st_uid}" if st.st_uid != 0 else f"writable by others (mode {mode})"
+            raise InputFileError(
+                f"{origin}: hook program {program}: {place} is {who}: expected root's, not writable by its group or "
+                "others (the light gate runs the hook as root); the hook was not run",
+                hint=f"chown root:root {place} && chmod go-w {place}, or install the hook where only root writes",
+            )
     return tuple(value)
 
 

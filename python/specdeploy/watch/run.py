@@ -447,7 +447,7 @@ def _conclude(result: WatchResult) -> None:
 
 
 def _write(host: layout.HostLayout, result: WatchResult) -> None:
-    atomic.write_json(host.watch_result, result.to_json())
+    atomic.write_json(host.watch_result, result.to_json(), mode=0o640)
 
 
 def run_watch(host: layout.HostLayout, options: WatchOptions | None = None) -> WatchResult:

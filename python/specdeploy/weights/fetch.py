@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from specdeploy.core import atomic, files, privilege
-from specdeploy.core.errors import SpecdeployError, UnresolvedPinError, UsageError
+from specdeploy.core.errors import InputFileError, SpecdeployError, UnresolvedPinError, UsageError
 from specdeploy.profile import ModelRef, Profile
 from specdeploy.profile.lock import Lock, require
 
@@ -53,6 +53,24 @@ def models_of(profile: Profile) -> list[tuple[str, ModelRef]]:
 def lock_key(role: str, revision: str) -> str:
     """The lock entry holding a revision's per-file sha256 (recorded at its first verified use)."""
     return f"{role}.files@{revision}"
+
+
+def recorded_files(
+    lock: Lock, profile_name: str, role: str, revision: str, *, consequence: str
+) -> dict[str, str] | None:
+    """The lock's entry of a revision's files (relative name -> sha256), None when none is recorded;
+    an entry of another shape is refused (exit 2), naming it and `consequence`."""
+    key = lock_key(role, revision)
+    recorded = lock.value(profile_name, key)
+    if recorded is not None and not (
+        isinstance(recorded, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in recorded.items())
+    ):
+        raise InputFileError(
+            f"lock {lock.path}: entry {key} of profile {profile_name}: expected an object of file -> sha256, "
+            f"found {type(recorded).__name__}; {consequence}",
+            hint="restore the lock from version control (it records the hashes verified at the first fetch)",
+        )
+    return recorded
 
 
 class FetchError(SpecdeployError):
@@ -617,15 +635,7 @@ def fetch_repo(
     directory = files.inside(dest, f"{ref.repo}/{revision}", origin=f"profile {profile.name}: {role}")
     files.no_links_below(directory, origin=f"the revision directory of {ref.repo}@{revision}")
     key = lock_key(role, revision)
-    recorded: dict[str, str] | None = lock.value(profile.name, key)
-    if recorded is not None and not (
-        isinstance(recorded, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in recorded.items())
-    ):
-        raise FetchError(
-            f"lock {lock.path}: entry {key} of profile {profile.name}: expected an object of file -> sha256, "
-            f"found {type(recorded).__name__}; the files cannot be compared with it",
-            hint="restore the lock from version control (it records the hashes verified at the first fetch)",
-        )
+    recorded = recorded_files(lock, profile.name, role, revision, consequence="the files cannot be compared with it")
 
     def download() -> dict[str, Any]:
         result, hashes = _download_and_verify(

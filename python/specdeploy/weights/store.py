@@ -42,7 +42,15 @@ from specdeploy.core.errors import InputFileError, SpecdeployError, UnresolvedPi
 from specdeploy.core.keeper import Keeper
 from specdeploy.profile import ModelRef, Profile
 from specdeploy.profile.lock import Lock
-from specdeploy.weights.fetch import STATE_DIR, _load_state, _save_state, lock_key, models_of, sha256_file
+from specdeploy.weights.fetch import (
+    STATE_DIR,
+    _load_state,
+    _save_state,
+    lock_key,
+    models_of,
+    recorded_files,
+    sha256_file,
+)
 
 # At the root of a weights archive: {"models": {"<org>/<name>": {"revision": ..., "files": {path: sha256}}}}
 MANIFEST = "specdeploy-archive.json"
@@ -224,15 +232,8 @@ def _revision_place(
             f"{ref.repo}@{rev}: {directory} is a file, not a revision directory; nothing was served",
             hint=f"move {directory} away, then run the weights stage (fetch, or unpack the archive) again",
         )
-    recorded = lock.value(profile.name, lock_key(role, rev)) if lock is not None else None
-    if recorded is not None and not (
-        isinstance(recorded, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in recorded.items())
-    ):
-        raise InputFileError(
-            f"lock {lock.path}: entry {lock_key(role, rev)} of profile {profile.name}: expected an object of "
-            f"file -> sha256, found {type(recorded).__name__}; nothing was served",
-            hint="restore the lock from version control (it records the hashes verified at first use)",
-        )
+    if lock is not None:
+        recorded_files(lock, profile.name, role, rev, consequence="nothing was served")
     return rev, directory
 
 

@@ -36,7 +36,7 @@ def check(smoke: Smoke) -> Stage:
         path = smoke.options.record_golden
         try:
             atomic.ensure_dir(path.parent)
-            atomic.write_json(path, record)
+            atomic.write_json(path, record, mode=0o640)
         except WriteError as exc:
             return Stage(NAME, Verdict.error, f"could not record the golden transcript: {exc.message}", hint=exc.hint)
         return Stage(NAME, Verdict.passed, f"recorded {len(smoke.outputs)} outputs to {path}")
