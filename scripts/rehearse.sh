@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: set up (or reuse) everything, then deploy the `cpu-rehearsal-container` profile with
+# The main job: set up (or reuse) everything, then deploy the `cpu-rehearsal-smollm2` profile (a real
+# chat model, python/specdeploy/rehearsal/deploy.py PROFILE) with
 # `ansible-playbook deploy.yml -l rehearsal` over real SSH to a disposable systemd host
 # (a podman container booted from a cached Debian trixie image, running podman itself; created
 # when missing, reused when running) the way a GPU host is deployed: the engine image built once on

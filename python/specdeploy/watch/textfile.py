@@ -26,10 +26,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from specdeploy.core import atomic
+from specdeploy.core.verdicts import Verdict
 
 PREFIX = "specdeploy_"
-VERDICTS = ("pass", "fail", "error", "skipped", "interrupted")
-FAILED = ("fail", "error", "interrupted")
+# the one vocabulary (core.verdicts): every verdict a finished light gate can end in, and those that page
+VERDICTS = tuple(v.value for v in Verdict if v is not Verdict.running)
+FAILED = tuple(v.value for v in (Verdict.failed, Verdict.error, Verdict.interrupted))
 # vLLM counter (its name in the result's `counters`) -> the name it is re-exported under
 RE_EXPORTED = {
     "drafts": ("specdeploy_engine_spec_decode_drafts", "drafts the engine proposed (vllm:spec_decode_num_drafts)"),
