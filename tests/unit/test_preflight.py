@@ -91,6 +91,39 @@ def test_port_held_by_another_process_names_it() -> None:
     assert preflight.port_check(profile, preflight.Options()).level == "ok"  # closed again
 
 
+def test_disk_counts_only_verified_bytes_of_the_pinned_revisions_as_already_there(tmp_path: Path) -> None:
+    """Issue 35: a partial download and an old revision were counted as weights already there, so a host
+    short of disk passed preflight. Only files the hash cache verified at the pinned revision count."""
+    import json
+
+    from specdeploy.core import hashcache
+
+    sha = "a" * 40
+    profile = variants.derive(
+        load_profile("a6000-mtp"), "mtp-pinned", {"target": {"revision": {"value": sha, "provenance": "reported",
+                                                                         "source": "test"}}}
+    )  # fmt: skip
+    models = tmp_path / "models"
+    pinned = models / profile.target.repo / sha
+    pinned.mkdir(parents=True)
+    verified, partial = pinned / "w-00001.safetensors", pinned / ".cache" / "huggingface" / "download" / "x.incomplete"
+    verified.write_bytes(b"\0" * 3 * 1024 * 1024)
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(b"\0" * 5 * 1024 * 1024)
+    old = models / profile.target.repo / ("b" * 40)
+    old.mkdir()
+    (old / "w.safetensors").write_bytes(b"\0" * 7 * 1024 * 1024)
+    st = verified.stat()
+    entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": "0" * 64, "revision": sha}
+    (pinned / hashcache.STATE_DIR).mkdir()
+    (pinned / hashcache.STATE_DIR / hashcache.STATE_FILE).write_text(
+        json.dumps({"w-00001.safetensors": entry, "../../../../../etc/passwd": entry, "gone.bin": entry})
+    )
+    assert hashcache.verified_bytes(pinned, sha) == 3 * 1024 * 1024  # neither the partial, the old nor a hostile name
+    check = preflight.disk_check(profile, preflight.Options(models_dir=models))
+    assert "(0.0 GiB of the pinned revisions already verified there)" in check.found, check.found
+
+
 def test_disk_counts_weights_already_present(tmp_path: Path) -> None:
     models = tmp_path / "models"
     (models / "org" / "m").mkdir(parents=True)

@@ -19,14 +19,13 @@ import re
 import shlex
 import shutil
 import socket
-import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import layout
+from specdeploy.core import hashcache, layout
 from specdeploy.core.housekeeping import GIB
 from specdeploy.host import command, cuda, gpus
 from specdeploy.profile import Profile
@@ -274,18 +273,6 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def _tree_bytes(path: Path) -> int:
-    """Bytes of the regular files under `path` (links not followed; a file gone meanwhile counts 0)."""
-    total = 0
-    for directory, _, names in os.walk(path):
-        for name in names:
-            with contextlib.suppress(OSError):
-                info = os.lstat(os.path.join(directory, name))
-                if stat.S_ISREG(info.st_mode):
-                    total += info.st_size
-    return total
-
-
 def disk_check(profile: Profile, options: Options) -> Check:
     host = profile.host
     if host is None:
@@ -293,13 +280,22 @@ def disk_check(profile: Profile, options: Options) -> Check:
             "disk", Level.warn, "profile states no disk needs", "a host section", "add host.disk to the profile"
         )
     models = options.models_dir
-    have = _tree_bytes(models) / GIB  # weights already on the host do not need space again
+    # weights already verified at the pinned revisions need no space again; partial downloads and
+    # other revisions do not count (they are not what this deploy serves)
+    have = (
+        sum(
+            hashcache.verified_bytes(models / ref.repo / ref.revision.value, ref.revision.value)
+            for ref in (profile.target, profile.drafter)
+            if ref is not None and ref.revision.resolved and isinstance(ref.revision.value, str)
+        )
+        / GIB
+    )
     need = max(0.0, host.disk.weights_gib - have) + host.disk.margin_gib
     if profile.engine.runtime == "container":
         need += host.disk.images_gib
     where = _nearest_existing(models)
     free = shutil.disk_usage(where).free / GIB
-    found = f"{free:.1f} GiB free on {where} ({have:.1f} GiB of weights already there)"
+    found = f"{free:.1f} GiB free on {where} ({have:.1f} GiB of the pinned revisions already verified there)"
     d = host.disk
     expected = f">= {need:.1f} GiB (weights {d.weights_gib}, images {d.images_gib}, margin {d.margin_gib})"
     if free >= need:

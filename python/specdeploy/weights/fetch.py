@@ -31,11 +31,11 @@ from urllib.parse import quote, urlsplit
 
 from specdeploy.core import atomic, files, privilege
 from specdeploy.core.errors import InputFileError, SpecdeployError, UnresolvedPinError, UsageError
+from specdeploy.core.hashcache import STATE_DIR, STATE_FILE
+from specdeploy.core.hashcache import load as _load_state
 from specdeploy.profile import ModelRef, Profile
 from specdeploy.profile.lock import Lock, require
 
-STATE_DIR = ".specdeploy"
-STATE_FILE = "verified.json"
 # The hub client's packages, imported in full before the fetch becomes its own account: they load
 # parts lazily, and an install that account cannot read (a venv under /root) would fail half-way.
 HUB_CLIENT_PACKAGES = ("huggingface_hub", "httpx2", "httpcore", "h11", "anyio", "filelock", "tqdm", "idna", "sniffio")
@@ -177,28 +177,6 @@ def git_blob_id(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _load_state(directory: Path) -> dict[str, Any]:
-    """The hash cache of a revision directory: {relative path: {size, mtime_ns, sha256, revision}}.
-    It is bookkeeping, not input: one that cannot be read, is not JSON or has entries of another
-    shape is ignored entry by entry (those files are hashed again), never a traceback."""
-    path = directory / STATE_DIR / STATE_FILE
-    try:
-        data = files.read_json(path, what="hash cache")
-    except SpecdeployError:
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {
-        name: entry
-        for name, entry in data.items()
-        if isinstance(entry, dict)
-        and type(entry.get("size")) is int
-        and type(entry.get("mtime_ns")) is int
-        and isinstance(entry.get("sha256"), str)
-        and isinstance(entry.get("revision", ""), str)
-    }
 
 
 def _save_state(directory: Path, state: dict[str, Any]) -> None:

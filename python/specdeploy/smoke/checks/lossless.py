@@ -143,7 +143,12 @@ def check(smoke: Smoke) -> Stage:
             "generated: speculation did not run for them, so this proves nothing about the verifier",
             details,
         )
-    moved = "" if counters is None else f"; {counters.drafts:g} drafts, {counters.accepted:g} accepted meanwhile"
+    moved = (
+        "; speculation not confirmed for them: this engine exports no speculative counters (the acceptance "
+        "stage measures it per request)"
+        if counters is None
+        else f"; {counters.drafts:g} drafts, {counters.accepted:g} accepted meanwhile"
+    )
     within = "exactly" if not details["distribution"]["not_top_choice"] else f"within {tolerance:g} nats of"
     allowed = f"tolerance {tolerance:g} nats" if tolerance is not None else "tolerance unresolved"
     return Stage(NAME, Verdict.passed, f"{where}: {within} the target's greedy choice ({allowed}){moved}", details)
