@@ -118,13 +118,15 @@ def test_rehearsal_deploy_passes_the_smoke_gate_and_is_idempotent(
     assert re.fullmatch(rf"{MODELS}/specdeploy-fixtures/tiny-qwen3/sha256-[0-9a-f]{{12}}", target), target
     unit = host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout
     assert f"--model {DEFAULT.target_serving} " in unit
-    # gated weights: the engine's group (the images' gid) reads them, nobody else (blockers 11, 13)
+    # gated weights: the engine's group (the images' gid) reads them, nobody else (blockers 11, 13);
+    # the models tree is the fetch account's (it writes there, never root: issue 35), serving root's
     modes = host.ssh(f"stat -c '%a %g %U' {MODELS} {target}/config.json {DEFAULT.serving}").stdout.split("\n")
     assert modes[:3] == [
-        f"750 {layout.ENGINE_UID} root",
-        f"640 {layout.ENGINE_UID} root",
+        f"750 {layout.ENGINE_UID} {layout.FETCH_USER}",
+        f"640 {layout.ENGINE_UID} {layout.FETCH_USER}",
         f"750 {layout.ENGINE_UID} root",
     ]
+    assert host.ssh(f"stat -c '%a %U' {DEFAULT.state}").stdout.strip() == "750 root"  # reports: root's alone
     assert host.ssh(f"id -u {layout.ENGINE_USER}").stdout.strip() == str(layout.ENGINE_UID)
     assert host.ssh(f"test -e {DEFAULT.models} || echo absent").stdout.strip() == "absent"
     # the engine runs from its own venv (one per engine archive), not from the CLI's
