@@ -27,9 +27,12 @@ in tests/integration/test_real_model.py and the migration chain's last test (the
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -228,6 +231,78 @@ def test_an_engine_container_that_cannot_start_is_rolled_back_at_once(rig: Rig, 
     assert report["rollback"]["previous_stack_serves"] is True, report["rollback"]
     assert rig.host.ssh(f"cat {UNIT}").stdout == unit_before
     assert _status(rig, "/v1/models", key=API_KEY) == 200
+
+
+def _wait_on_host(rig: Rig, command: str, expected: str, timeout: float) -> str:
+    """Poll `command` on the host until its output is `expected`; its last output."""
+    deadline = time.monotonic() + timeout
+    shown = ""
+    while time.monotonic() < deadline:
+        shown = rig.host.ssh(command, check=False).stdout.strip()
+        if shown == expected:
+            return shown
+        time.sleep(2)
+    return shown
+
+
+def _lock_holder(rig: Rig) -> str | None:
+    shown = rig.host.ssh(f"{CLI} deploy-lock status --json", check=False).stdout
+    holder = json.loads(shown)["holder"] if shown.strip() else None
+    return holder["run_id"] if holder else None
+
+
+def test_a_second_play_against_the_host_is_refused_naming_the_play_that_holds_it(rig: Rig) -> None:
+    """Two plays against one host at once (issue 35): the second is refused at its first task on the
+    host, naming the run that holds it, and changes nothing; the first runs to its end (a re-run:
+    nothing to change) and gives the host back."""
+    first, run_id, log = container_rig.start_play(rig)
+    try:
+        assert _wait_on_host(rig, f"{CLI} deploy-lock status --json | grep -c {run_id}", "1", 600) == "1", (
+            log.read_text()[-4000:]
+        )
+        second, report = container_rig.play(rig)
+        assert second.returncode != 0 and report is None, second.stdout[-4000:]
+        text = " ".join(second.stdout.split())
+        assert f"this host is being deployed by run {run_id} (deploy.yml" in text, text[-4000:]
+        assert "Recover an interrupted earlier run" not in second.stdout  # refused before anything
+        assert first.wait(900) == 0, log.read_text()[-4000:]
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert _lock_holder(rig) is None  # the first gave it back
+
+
+def test_a_controller_killed_during_the_gate_leaves_a_finished_report_and_the_previous_stack_proven(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """The controller (ansible-playbook and its SSH connections) killed while the gate judges a stack
+    that fails it: the gate, a transient unit of its own (specdeploy-gate-<run id>), goes on — its
+    report is finished, not "running", the previous stack is restored and proven to serve. The dead
+    play's hold on the host stays until released by hand, and a play meanwhile is refused naming it."""
+    unit_before = rig.host.ssh(f"cat {UNIT}").stdout
+    profiles = _variant(rig, tmp_path, variants.unreachable_acceptance_floor(load_profile(PROFILE)))
+    controller, run_id, log = container_rig.start_play(rig, profiles=profiles)
+    gate_unit = f"specdeploy-gate-{run_id}.service"
+    try:
+        state = _wait_on_host(rig, f"systemctl is-active {gate_unit}", "active", 900)
+        assert state == "active", log.read_text()[-4000:]
+    finally:
+        os.killpg(controller.pid, signal.SIGKILL)  # the controller's machine dies mid-gate
+        controller.wait(30)
+    assert "PLAY RECAP" not in log.read_text()
+    assert _wait_on_host(rig, f"systemctl is-active {gate_unit}", "inactive", 900) == "inactive"
+    report = deploy.gate_report(rig.host, run_id)
+    assert report is not None and report["verdict"] == "fail" and report["finished_at"], report
+    assert report["rollback"]["previous_stack_serves"] is True, report["rollback"]
+    assert rig.host.ssh(f"cat {UNIT}").stdout == unit_before
+    assert _status(rig, "/v1/models", key=API_KEY) == 200
+    assert _lock_holder(rig) == run_id  # the dead play still holds the host
+    refused, _ = container_rig.play(rig)
+    assert refused.returncode != 0 and f"this host is being deployed by run {run_id}" in " ".join(
+        refused.stdout.split()
+    ), refused.stdout[-4000:]
+    released = rig.host.ssh(f"{CLI} deploy-lock release --run-id {run_id} --json")
+    assert json.loads(released.stdout)["released"]["run_id"] == run_id
 
 
 def test_no_canary_appears_in_any_command_line_log_file_unit_image_or_process(rig: Rig) -> None:

@@ -131,6 +131,11 @@ def test_the_front_is_deployed_and_old_serves_through_it_with_new_kept_out(site:
     with site.load(total=4) as running:
         result = running.finish(300)
     assert result.failed == 0 and result.ok == 4, result.to_json()
+    # the master (root: it binds 443 and reads the key) and its worker, which parses every request, as haproxy
+    ps = site.front.ssh("ps -o user=,ppid=,pid= -C haproxy").stdout.split("\n")
+    rows = [line.split() for line in ps if line.strip()]
+    master = next(r for r in rows if r[0] == "root")
+    assert [r[0] for r in rows if r[1] == master[2]] == ["haproxy"], rows
 
 
 def test_the_deployed_front_serves_only_v1_and_health_and_passes_the_client_s_key_to_the_engine(
@@ -374,6 +379,10 @@ def test_finish_stops_old_after_the_soak_and_keeps_its_weights_and_state(site: S
         == 0
     )
     assert site.front_status()[site.old.name]["state"] == "maint"
+    # OLD is rendered ready in haproxy.cfg and out only at runtime: a reload (and a restart) keeps it out
+    for action in ("reload", "restart"):
+        site.front.ssh(f"systemctl {action} haproxy")
+        assert site.front_status()[site.old.name]["state"] == "maint", action
     with site.load(total=4) as running:
         result = running.finish(300)
     assert result.failed == 0 and result.ok == 4

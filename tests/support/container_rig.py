@@ -6,6 +6,7 @@ its deployment to a second host (the deployment it leaves is OLD)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -87,11 +88,7 @@ def started(work: Path) -> Iterator[Rig]:
             hosts.stop(HOST_NAME)
 
 
-def play(
-    rig: Rig, *, profiles: Path | None = None, images: dict[str, str] | None = None
-) -> tuple[subprocess.CompletedProcess[str], dict | None]:
-    """One play (-vvv, kept for the canary search), and its own gate report from the host."""
-    run_id = new_run_id()
+def _play_argv(rig: Rig, run_id: str, profiles: Path | None, images: dict[str, str] | None) -> list[str]:
     recording = dict(item.split("=", 1) for item in rig.recording.split())
     argv = deploy.playbook_argv(
         rig.host,
@@ -114,7 +111,31 @@ def play(
         vault=rig.vault,
         host_vars=recording,
     )
-    run = deploy.run_playbook([*argv, "-vvv"], capture=True)
+    return [*argv, "-vvv"]
+
+
+def play(
+    rig: Rig, *, profiles: Path | None = None, images: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict | None]:
+    """One play (-vvv, kept for the canary search), and its own gate report from the host."""
+    run_id = new_run_id()
+    run = deploy.run_playbook(_play_argv(rig, run_id, profiles, images), capture=True)
     rig.plays += 1
     (rig.logs / f"play-{rig.plays}-vvv.log").write_text(run.stdout + run.stderr)
     return run, deploy.gate_report(rig.host, run_id)
+
+
+def start_play(rig: Rig, *, profiles: Path | None = None) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """One play started in the background, as a controller of its own (its own session: killing its
+    process group is the controller's machine dying): the process, its run id and its -vvv log (kept
+    for the canary search)."""
+    run_id = new_run_id()
+    rig.plays += 1
+    log = rig.logs / f"play-{rig.plays}-vvv.log"
+    env = {**os.environ, "ANSIBLE_CONFIG": str(deploy.checkout() / "ansible" / "ansible.cfg")}
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            _play_argv(rig, run_id, profiles, None), cwd=deploy.checkout() / "ansible", env=env,
+            stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    return process, run_id, log

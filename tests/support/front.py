@@ -214,6 +214,30 @@ class Front:
             return {"headers": headers}
         return {"headers": headers | {"Content-Type": "application/json"}, "body": json.dumps(body).encode()}
 
+    def worker_pid(self) -> int:
+        """The pid of the HAProxy process serving requests (the worker; `show info` on its socket)."""
+        from specdeploy.front.runtime import RuntimeApi
+
+        info = RuntimeApi(self.config.runtime_socket).command("show info")
+        return int(next(line.split(":", 1)[1] for line in info.splitlines() if line.startswith("Pid:")))
+
+    def reload(self, timeout: float = 15) -> None:
+        """What `systemctl reload` does to Debian's unit (`kill -USR2 $MAINPID` to the master of
+        `haproxy -W`): a new worker reads haproxy.cfg (and the server-state file) again; returns once
+        the new worker answers on the runtime socket with its servers' first checks done."""
+        before = self.worker_pid()
+        self.process.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.worker_pid() != before:
+                    time.sleep(4 * self.config.check_interval_s + 0.3)
+                    return
+            except Exception:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"haproxy did not reload within {timeout} s: {self.log.read_text()[-2000:]}")
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -234,23 +258,31 @@ def front_config(directory: Path, pem: Path, backends: list[Backend], **override
         "runtime_socket": str(directory / "admin.sock"),
         "log": "stderr",
         "check_interval_s": 0.1,
+        "server_state_file": str(directory / "server-state"),
     } | overrides
     return FrontConfig.of(FrontSpec(), backends, **settings)
 
 
 @contextlib.contextmanager
-def running(config: FrontConfig, directory: Path, *, ready: tuple[str, ...] = ()) -> Iterator[Front]:
-    """Start the real haproxy (foreground, `-db`) on `config`'s rendered file; wait until it listens,
-    its runtime socket answers and the servers named in `ready` are UP; stop it on exit (SIGTERM,
-    then SIGKILL), whatever happened."""
+def running(
+    config: FrontConfig, directory: Path, *, ready: tuple[str, ...] = (), master: bool = False
+) -> Iterator[Front]:
+    """Start the real haproxy (foreground, `-db`; `master`: as Debian's unit does, a master and its
+    worker, `-W`, so that `Front.reload` can reload it) on `config`'s rendered file; wait until it
+    listens, its runtime socket answers and the servers named in `ready` are UP; stop it on exit
+    (SIGTERM, then SIGKILL), whatever happened."""
     from specdeploy.front.runtime import RuntimeApi
 
     cfg = directory / "haproxy.cfg"
     cfg.write_text(haproxy.render(config))
     log = directory / "haproxy.log"
+    # the master's own CLI: it answers once the master is in its loop, its reload signal handled
+    # (a SIGUSR2 sent before that is lost)
+    master_socket = directory / "master.sock"
     with log.open("wb") as sink:
+        mode = ["-W", "-S", str(master_socket)] if master else []
         process = subprocess.Popen(
-            ["haproxy", "-db", "-f", str(cfg)], stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            ["haproxy", *mode, "-db", "-f", str(cfg)], stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
     front = Front(config, cfg, log, process)
     try:
@@ -263,6 +295,8 @@ def running(config: FrontConfig, directory: Path, *, ready: tuple[str, ...] = ()
                 with socket.create_connection(("127.0.0.1", config.listen_port), timeout=1):
                     pass
                 states = {s.name: s.status for s in api.status()}
+                if master:
+                    _master_answers(master_socket)
                 if all(states.get(name, "").startswith("UP") for name in ready):
                     break
             except OSError:
@@ -278,6 +312,16 @@ def running(config: FrontConfig, directory: Path, *, ready: tuple[str, ...] = ()
         front.stop()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(config.runtime_socket)
+
+
+def _master_answers(path: Path) -> None:
+    """`show proc` on HAProxy's master CLI: an OSError until the master answers it."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(2)
+        conn.connect(str(path))
+        conn.sendall(b"show proc\n")
+        if b"master" not in conn.recv(65536):
+            raise OSError("the master CLI has not answered yet")
 
 
 def stream_in_background(port: int) -> threading.Thread:

@@ -24,3 +24,14 @@ def play(title: str, name: str = "deploy.yml") -> dict[str, Any]:
 
 def engine_play() -> dict[str, Any]:
     return play(ENGINE_PLAY)
+
+
+HOLD_BLOCK = "Deploy this host, holding it alone"
+
+
+def host_tasks() -> list[dict[str, Any]]:
+    """The engine play's tasks in order, its hold block (every task after the CLI's install, run
+    holding the host's deploy lock) opened: what runs on each host, the lock's acquire first."""
+    tasks = engine_play()["tasks"]
+    hold = next(t for t in tasks if t.get("name") == HOLD_BLOCK)
+    return [t for t in tasks if t is not hold] + hold["block"]

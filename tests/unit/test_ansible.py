@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.playbooks import engine_play
+from tests.support.playbooks import engine_play, host_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -37,7 +37,7 @@ def _play_stages() -> list[tuple[str, list[str]]]:
     """(role, tags) of each stage in the play's order: the CLI role, then the block's imports."""
     play = engine_play()
     assert play["serial"] == 1 and play["any_errors_fatal"] is True
-    tasks = play["tasks"]
+    tasks = host_tasks()
     stages = [(tasks[0]["ansible.builtin.import_role"]["name"], tasks[0]["tags"])]
     block = next(t for t in tasks if "block" in t)
     return stages + [(t["ansible.builtin.import_role"]["name"], t["tags"]) for t in block["block"]]
@@ -310,3 +310,26 @@ def test_a_deploys_restart_starts_the_engines_start_limit_count_afresh_first() -
     first, restart = on_restart[0], next(h for h in on_restart if h["name"] == "Restart the engine")
     assert first["ansible.builtin.command"]["argv"] == ["systemctl", "reset-failed", "{{ specdeploy_facts.unit.name }}"]
     assert handlers.index(first) < handlers.index(restart)
+
+
+def test_every_task_after_the_cli_runs_holding_the_host_and_gives_it_back_however_the_play_ends() -> None:
+    """One deploy at a time (core.deploylock): after the CLI's install (which the lock needs), the
+    engine play has one block; its first task takes the host's deploy lock, its `always` gives it back
+    (a failed gate, a failed drain, a refused preflight included), and each task's verbs carry the
+    run id the lock knows them by. Neither is ever a change: a re-run stays changed=0."""
+    import yaml
+
+    play = engine_play()
+    cli, hold = play["tasks"]
+    assert cli["ansible.builtin.import_role"] == {"name": "specdeploy"}
+    assert hold["block"][0]["ansible.builtin.import_role"] == {"name": "specdeploy", "tasks_from": "deploylock.yml"}
+    assert "always" in hold["block"][0]["tags"]
+    (release,) = hold["always"]
+    argv = release["ansible.builtin.command"]["argv"]
+    assert argv[1:5] == ["deploy-lock", "release", "--run-id", "{{ specdeploy_run_id }}"]
+    assert release["changed_when"] is False and "always" in release["tags"]
+    (acquire,) = yaml.safe_load((ROOT / "ansible" / "roles" / "specdeploy" / "tasks" / "deploylock.yml").read_text())
+    argv = acquire["ansible.builtin.command"]["argv"]
+    assert argv[1:5] == ["deploy-lock", "acquire", "--run-id", "{{ specdeploy_run_id }}"]
+    assert "{{ specdeploy_lock_wait_s }}" in argv and acquire["changed_when"] is False
+    assert play["environment"]["SPECDEPLOY_DEPLOY_RUN"] == "{{ specdeploy_run_id | default('') }}"

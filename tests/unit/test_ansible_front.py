@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 from tests.support.front import engines, front_config, make_certificate, running, stream_in_background
-from tests.support.playbooks import FRONT_PLAY, engine_play, play
+from tests.support.playbooks import FRONT_PLAY, engine_play, host_tasks, play
 
 from specdeploy.core import layout
 from specdeploy.engine import remove
@@ -74,6 +74,7 @@ def _front_play(tmp_path: Path, inventory: str, **extra: Any) -> tuple[subproces
         "front_socket_dir_owner": "root",
         "front_socket_dir_group": "root",
         "front_socket_dir_mode": "0755",
+        "front_systemd_dir": str(tmp_path / "systemd"),
     }
     variables = tmp_path / "vars.json"
     variables.write_text(json.dumps(settings | extra))
@@ -119,6 +120,17 @@ def test_the_front_role_installs_a_haproxy_cfg_that_the_real_haproxy_accepts_wit
     assert cert.read_bytes() == (tmp_path / "site.pem").read_bytes() and cert.stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "run").is_dir()
     assert "PRIVATE KEY" not in done.stdout  # the key's copy is no_log and never diffed
+    # HAProxy's service saves every server's state before it reloads or stops, where haproxy.cfg reads it back
+    state_file = load_profile("a6000-dflash").front.server_state_file
+    assert f"server-state-file {state_file}" in text and "load-server-state-from-file global" in text
+    dropin = tmp_path / "systemd" / f"{NO_SUCH_SERVICE}.service.d" / "specdeploy-server-state.conf"
+    lines = [line for line in dropin.read_text().splitlines() if line and not line.startswith("#")]
+    save = f"front save-state --socket {tmp_path / 'run' / 'admin.sock'} --file {state_file} --json"
+    cli = str(tmp_path / "opt")
+    assert lines[:3] == ["[Service]", "ExecReload=", "ExecReload=/usr/sbin/haproxy -Ws -f $CONFIG -c -q $EXTRAOPTS"]
+    assert lines[3].startswith(f"ExecReload={cli}") and lines[3].endswith(save), lines
+    assert lines[4] == "ExecReload=/bin/kill -USR2 $MAINPID"  # the states saved before the reload, never after
+    assert lines[5].startswith(f"ExecStop=-{cli}") and lines[5].endswith(save)  # a stop always goes on
 
 
 def test_the_front_role_refuses_an_engine_host_that_publishes_on_loopback_only(tmp_path: Path) -> None:
@@ -144,7 +156,7 @@ def test_deploy_drains_a_host_before_anything_can_restart_its_engine_and_puts_it
     drained and put back too."""
     engine = engine_play()
     assert engine["serial"] == 1 and engine["hosts"] == "all:!specdeploy_front"
-    tasks = engine["tasks"]
+    tasks = host_tasks()
     names = _names(tasks)
     drain = names.index("Drain this host from the site's front door")
     enable = names.index("Put this host back in the site's front door (its gate passed)")
@@ -167,15 +179,19 @@ def test_deploy_drains_a_host_before_anything_can_restart_its_engine_and_puts_it
         (task,) = yaml.safe_load((ROOT / "ansible" / "roles" / "front" / "tasks" / f"{name}.yml").read_text())
         argv = task["ansible.builtin.command"]["argv"]
         assert argv[1:4] == ["front", verb, "{{ inventory_hostname }}"] and "--wait" in argv
-        assert task["delegate_to"] == "{{ front_host | default(inventory_hostname, true) }}" and task["become"] is True
-        assert task["when"] == ["front_host | length > 0", "front_rotate | bool", "not ansible_check_mode"]
+        assert task["delegate_to"] == "{{ item }}" and task["loop"] == "{{ front_hosts }}" and task["become"] is True
+        assert task["when"] == ["front_rotate | bool", "not ansible_check_mode"]
 
 
-def _around(tmp_path: Path, socket_path: str, tasks_from: str, *args: str, front: bool = True, hook: str = "") -> str:
+def _around(
+    tmp_path: Path, socket_path: str, tasks_from: str, *args: str, fronts: tuple[str, ...] = ("frontdoor",),
+    hook: str = "",
+) -> str:  # fmt: skip
     """Run the front role's drain.yml or enable.yml for the engine host engine-a, as deploy.yml does
-    (delegated to the front host; here all three hosts are this machine, without sudo)."""
+    (delegated to each front host; here every host is this machine, without sudo)."""
     local = f"ansible_connection: local, ansible_python_interpreter: {sys.executable}, ansible_become: false"
-    front_group = f"    specdeploy_front:\n      hosts:\n        frontdoor: {{{local}}}\n" if front else ""
+    front_group = "".join(f"        {name}: {{{local}}}\n" for name in fronts)
+    front_group = f"    specdeploy_front:\n      hosts:\n{front_group}" if fronts else ""
     (tmp_path / "hosts.yml").write_text(
         f"all:\n  children:\n{front_group}    specdeploy_engines:\n      hosts:\n"
         f"        engine-a: {{{local}}}\n        engine-b: {{{local}}}\n"
@@ -212,7 +228,7 @@ def test_the_drain_and_the_put_back_drive_the_real_haproxy_from_the_front_host(t
 
             checked = _around(tmp_path, config.runtime_socket, "drain.yml", "--check")
             assert "skipping: [engine-a]" in checked and states() == {"engine-a": "ready", "engine-b": "ready"}
-            no_front = _around(tmp_path, config.runtime_socket, "drain.yml", front=False)
+            no_front = _around(tmp_path, config.runtime_socket, "drain.yml", fronts=())
             assert "skipping: [engine-a]" in no_front and states()["engine-a"] == "ready"
 
             drained = _around(tmp_path, config.runtime_socket, "drain.yml")
@@ -240,6 +256,26 @@ def test_with_a_site_hook_the_drain_and_the_put_back_call_it_and_never_the_socke
     enabled = _around(tmp_path, absent, "enable.yml", hook=str(hook))
     assert "changed: [engine-a -> frontdoor]" in enabled, enabled[-2000:]
     assert [line for line in calls.read_text().splitlines() if line != "status"] == ["drain engine-a", "add engine-a"]
+
+
+def test_with_two_front_hosts_a_host_is_drained_from_both_and_put_back_in_both(tmp_path: Path) -> None:
+    """Two front hosts (two HAProxys behind one address, each with its own view of the servers): the
+    drain runs on each in turn, as does the put-back, so neither keeps sending the host requests
+    while its engine is replaced. The balancer is a site hook here (both front hosts are this
+    machine): Ansible's output names the front each call was delegated to, the hook counts them."""
+    calls = tmp_path / "calls"
+    hook = tmp_path / "site-balancer"
+    hook.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nif [ "$1" = status ]; then echo "[]"; fi\n')
+    hook.chmod(0o755)
+    absent = str(tmp_path / "no-such.sock")
+    fronts = ("front-1", "front-2")
+    drained = _around(tmp_path, absent, "drain.yml", hook=str(hook), fronts=fronts)
+    assert "changed: [engine-a -> front-1]" in drained and "changed: [engine-a -> front-2]" in drained, drained[-2000:]
+    enabled = _around(tmp_path, absent, "enable.yml", hook=str(hook), fronts=fronts)
+    assert "changed: [engine-a -> front-1]" in enabled and "changed: [engine-a -> front-2]" in enabled
+    assert [line for line in calls.read_text().splitlines() if line != "status"] == ["drain engine-a"] * 2 + [
+        "add engine-a"
+    ] * 2
 
 
 def test_the_front_play_comes_before_the_engine_hosts_and_does_nothing_without_front_hosts() -> None:
@@ -477,6 +513,8 @@ def test_the_facts_name_the_front_and_every_unit_file_a_decommission_removes() -
     assert facts["front"] == {
         "cert": profile.front.cert_path,
         "socket": profile.front.runtime_socket,
+        "state_file": profile.front.server_state_file,
+        "systemd_dir": "/etc/systemd/system",
         "config": "/etc/haproxy/haproxy.cfg",
         "drain_timeout_s": profile.migration.drain_timeout_s,
     }

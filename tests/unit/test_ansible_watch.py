@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.support.playbooks import engine_play
+from tests.support.playbooks import host_tasks
 
 from specdeploy.core import layout
 from specdeploy.profile import load_profile, resolve_profile_path
@@ -84,7 +84,7 @@ def test_the_watch_role_stops_the_deploy_on_a_hook_that_cannot_run(tmp_path: Pat
 def test_the_watch_stage_comes_after_the_gate_and_the_lock_merge() -> None:
     """A stack is watched only once its gate passed (a failed gate fails the host in the block's
     rescue), and the light gate's settings never keep the site's lock from being merged."""
-    tasks = engine_play()["tasks"]
+    tasks = host_tasks()
     names = [t.get("ansible.builtin.import_role", {}).get("name") or ("block" if "block" in t else None) for t in tasks]
     lock_back = next(
         i for i, t in enumerate(tasks) if t.get("ansible.builtin.import_role", {}).get("tasks_from") == "lock_back.yml"

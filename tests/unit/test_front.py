@@ -76,6 +76,11 @@ def test_the_profile_s_front_section_defaults_serve_only_the_v1_routes_and_healt
         ({"runtime_socket": "admin.sock"}, "front.runtime_socket: expected an absolute path"),
         ({"cert_path": "/etc/haproxy/my cert.pem"}, "front.cert_path: expected an absolute path to a PEM file"),
         ({"deny_status": 200}, "Input should be 403 or 404"),
+        ({"user": "root"}, "front.user: expected an unprivileged account (like haproxy), found 'root'"),
+        ({"group": "Wheel Group"}, "front.group: expected a system account's name"),
+        ({"chroot": "var/lib/haproxy"}, "front.chroot: expected an absolute path"),
+        ({"server_state_file": "/var/lib/../../etc/passwd"}, "front.server_state_file: expected an absolute path"),
+        ({"maxconn": 0}, "greater than or equal to 16"),
         ({"backends": [{"name": "a"}]}, "Extra inputs are not permitted"),
     ],
 )
@@ -322,6 +327,59 @@ def test_the_cutover_through_haproxy_brings_new_in_and_takes_old_out(pem: Path, 
             assert raw == {"old": "1", "new": "4"}  # FMAINT; CMAINT left over from `disabled`, yet ready
             for _ in range(3):
                 assert _echo(front.request("GET", "/v1/models")[1])["backend"] == "new"
+
+
+def test_haproxy_parses_requests_as_its_own_unprivileged_account_jailed_with_a_connection_limit(
+    two: tuple[support.Front, dict[str, support.EchoEngine]],
+) -> None:
+    """The real HAProxy, started as root (as its service is) on the rendered file: the process that
+    serves requests runs as Debian's `haproxy` account in its chroot, holding at most `maxconn`."""
+    import pwd
+
+    front, _ = two
+    assert front.request("GET", "/v1/models")[0] == 200
+    pid = front.worker_pid()
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    haproxy_uid = pwd.getpwnam("haproxy").pw_uid
+    assert [int(u) for u in status["Uid"].split()] == [haproxy_uid] * 4, status["Uid"]
+    assert os.readlink(f"/proc/{pid}/root") == "/var/lib/haproxy"
+    info = RuntimeApi(front.socket).command("show info")
+    assert "Maxconn: 4096" in info
+
+
+def test_a_reload_keeps_a_drained_server_drained_and_one_in_maint_out_once_the_states_are_saved(
+    cli: Any, pem: Path, short_dir: Path
+) -> None:
+    """The real HAProxy in master-worker mode, reloaded as Debian's unit reloads it (SIGUSR2 to the
+    master). First the failure this prevents: reloaded without saving, a drained server and one in
+    maint come back ready and take requests. Then `specdeploy front save-state` (what the front's
+    service runs before each reload): the same reload keeps both out, and only the third serves."""
+    with support.engines("a", "b", "c") as engines:
+        backends = [Backend(name=n, address="127.0.0.1", port=e.port) for n, e in engines.items()]
+        config = support.front_config(short_dir, pem, backends)
+        with support.running(config, short_dir, ready=("a", "b", "c"), master=True) as front:
+            api = RuntimeApi(front.socket)
+
+            def states() -> dict[str, str]:
+                return {s.name: s.state for s in api.status()}
+
+            api.set_state("a", "drain")
+            api.set_state("b", "maint")
+            front.reload()
+            assert states() == {"a": "ready", "b": "ready", "c": "ready"}  # what happened before save-state
+
+            api.set_state("a", "drain")
+            api.set_state("b", "maint")
+            saved = cli("front", "save-state", "--socket", front.socket, "--file", config.server_state_file, "--json")
+            assert saved.exit_code == 0, saved.output
+            assert json.loads(saved.output)["servers_saved"] == 3
+            assert oct(os.stat(config.server_state_file).st_mode & 0o777) == "0o600"
+            front.reload()
+            assert states() == {"a": "drain", "b": "maint", "c": "ready"}
+            before = {name: len(engine.requests()) for name, engine in engines.items()}
+            for _ in range(6):
+                assert _echo(front.request("GET", "/v1/models")[1])["backend"] == "c"
+            assert {name: len(engine.requests()) for name, engine in engines.items()} == before | {"c": before["c"] + 6}
 
 
 def test_the_front_commands_show_and_change_server_states_through_the_runtime_api(

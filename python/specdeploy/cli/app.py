@@ -15,6 +15,7 @@ import typer
 from specdeploy.cli import (
     base,
     coherence,
+    deploylock,
     drafter,
     engine,
     gate,
@@ -52,7 +53,21 @@ def root(
     ctx.obj = {"debug": debug}
 
 
-for module in (profile, host, images, weights, drafter, engine, smoke, coherence, rollback, gate, rehearsal, lock_cli):
+for module in (
+    profile,
+    deploylock,
+    host,
+    images,
+    weights,
+    drafter,
+    engine,
+    smoke,
+    coherence,
+    rollback,
+    gate,
+    rehearsal,
+    lock_cli,
+):
     module.register(app)
 watch_cli.register(app)  # after the deploy: the light gate the host's timer runs
 front_cli.register(app)  # the site's front door: HAProxy in front of the engine hosts (issue 23)

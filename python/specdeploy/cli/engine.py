@@ -4,6 +4,7 @@ the drafter is wired as the profile says."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import typer
 from rich.table import Table
 
 from specdeploy.cli import base, output
+from specdeploy.core import deploylock
 from specdeploy.core.errors import UsageError
 from specdeploy.core.keeper import Keeper
 from specdeploy.engine import startup_log, units
@@ -104,10 +106,12 @@ def unit_install(
     # `--check` (ansible-playbook --check) may name the image `image ensure --check` would still provide
     unit = _render(profile, image, host, str(copy) if copy else None, python, publish_host, placeholder_ok=check)
     units.require_unit_dir(dest, unit.filename, check=check)
-    if source is not None and not check:
-        units.keep_profile_copy(source, host)
-    keeper = Keeper(rollback_dir, run_id) if keep and rollback_dir is not None else None
-    changed = units.install(unit, dest, keeper, check=check)
+    guard = contextlib.nullcontext() if check else deploylock.held(host.state, f"unit install for run {run_id or '-'}")
+    with guard:
+        if source is not None and not check:
+            units.keep_profile_copy(source, host)
+        keeper = Keeper(rollback_dir, run_id) if keep and rollback_dir is not None else None
+        changed = units.install(unit, dest, keeper, check=check)
     output.emit({"changed": changed, "path": str(dest / unit.filename)}, True, lambda: None)
 
 
@@ -215,9 +219,9 @@ def engine_remove(
     exit 1 when something stays (an image still in use, a podman that fails)."""
     from specdeploy.engine import remove
 
-    done = remove.remove(
-        load_profile(profile), base.host_layout(state_dir=state_dir), unit_file=unit_file, podman=podman, check=check
-    )
+    host = base.host_layout(state_dir=state_dir)
+    with contextlib.nullcontext() if check else deploylock.held(host.state, "engine remove (decommission)"):
+        done = remove.remove(load_profile(profile), host, unit_file=unit_file, podman=podman, check=check)
     output.emit(done.to_json(), True, lambda: None)
     if done.problems:
         raise typer.Exit(1)

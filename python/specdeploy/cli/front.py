@@ -1,4 +1,4 @@
-"""`specdeploy front render|status|drain|enable|disable`: the site's front door (issue 23) —
+"""`specdeploy front render|status|drain|enable|disable|save-state`: the site's front door (issue 23) —
 HAProxy in front of the engine hosts: its haproxy.cfg rendered from the profile's `front:`
 section and the backends, and its servers driven through the runtime API (or a site's own
 balancer, through its hook). docs/front.md."""
@@ -263,6 +263,37 @@ def front_disable(
     """Take a server out (maint): nothing new reaches it (--wait: until what it had finished). Drain
     it first to let its requests finish."""
     _set("disable", "maint", server, socket_path, hook, wait, timeout, as_json)
+
+
+@front_app.command("save-state")
+def front_save_state(
+    state_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            help=f"where to write the states (default {FrontSpec().server_state_file}, the profile's "
+            "front.server_state_file default: what haproxy.cfg's server-state-file reads at start)",
+        ),
+    ] = None,
+    socket_path: SocketOpt = None,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Save every server's state (drain, maint, weight) from the running HAProxy where its next start
+    reads them back (server-state-file): the front's service runs this before each reload and stop,
+    so a reload never puts a drained host back in service."""
+    from specdeploy.front import runtime
+
+    api = runtime.RuntimeApi(socket_path or Path(FrontSpec().runtime_socket))
+    target = state_file or Path(FrontSpec().server_state_file)
+    saved = api.save_state(target)
+    servers = [s.to_json() for s in api.status()]
+    data = {"file": str(target), "servers_saved": saved, "servers": servers}
+
+    def show() -> None:
+        print_servers(servers, f"HAProxy {api.socket_path}")
+        output.out.print(output.line("front save-state: ", f"{saved} server(s) saved to ", str(target)))
+
+    output.emit(data, as_json, show)
 
 
 def register(app: typer.Typer) -> None:

@@ -91,6 +91,14 @@ def gate(
             "gate judged, check readiness and the served identity only (the deploy passes it; by hand: a full gate)",
         ),
     ] = False,
+    as_unit: Annotated[
+        bool,
+        typer.Option(
+            "--as-unit",
+            help="run the gate as the transient systemd unit specdeploy-gate-<run id> and wait for it: killed, "
+            "this command leaves the gate to finish (its report, its rollback); the deploy passes it",
+        ),
+    ] = False,
     as_json: base.JsonOpt = False,
 ) -> None:
     """Gate a deployed stack: the DFlash startup-log check, the smoke checks and, on failure,
@@ -115,6 +123,9 @@ def gate(
             hint="pass --readiness-timeout a positive number of seconds (the profile's smoke.readiness_timeout_s "
             "when left out)",
         )
+    if as_unit:
+        _gate_as_unit(locals(), as_json)
+        return
     options = gate_run.GateOptions(
         endpoint=endpoint,
         unit=unit,
@@ -126,11 +137,41 @@ def gate(
         light_if_unchanged=light_if_unchanged,
         unit_file=layout.UNIT_FILES["container"].with_name(f"{unit}.container"),
     )
+    from specdeploy.core import deploylock
+
     host = base.host_layout(models_dir, serving_dir, state_dir)
-    report = gate_run.run_gate(resolve_profile_path(profile), host, run_id or gate_run.new_run_id(), options)
+    run_id = run_id or gate_run.new_run_id()
+    with deploylock.held(host.state, f"gate of run {run_id}"):
+        report = gate_run.run_gate(resolve_profile_path(profile), host, run_id, options)
     data = report.to_json() | {"report": str(report.directory / gate_run.REPORT)}
     output.emit(data, as_json, lambda: print_gate(data))
     raise typer.Exit(report.exit_code)
+
+
+def _gate_as_unit(given: dict[str, Any], as_json: bool) -> None:
+    """`gate --as-unit`: the same gate, as a transient systemd unit (gate.unit); its report printed
+    here once it ends, and its exit code this command's."""
+    from specdeploy.gate import run as gate_run
+    from specdeploy.gate import unit as gate_unit
+
+    run_id = given["run_id"] or gate_run.new_run_id()
+    host = base.host_layout(given["models_dir"], given["serving_dir"], given["state_dir"])
+    profile_file = str(resolve_profile_path(given["profile"]).absolute())
+    argv = [sys.executable, "-m", "specdeploy", "gate", "--profile", profile_file,
+            "--run-id", run_id, "--state-dir", str(host.state), "--models-dir", str(host.models),
+            "--serving-dir", str(host.serving), "--unit", given["unit"], "--podman", given["podman"], "--json",
+            "--rollback" if given["rollback"] else "--no-rollback"]  # fmt: skip
+    for flag, value in (("--endpoint", given["endpoint"]), ("--startup-log", given["startup_log"]),
+                        ("--readiness-timeout", given["readiness_timeout"])):  # fmt: skip
+        if value is not None:
+            argv += [flag, str(Path(value).absolute()) if flag == "--startup-log" else str(value)]
+    if given["light_if_unchanged"]:
+        argv.append("--light-if-unchanged")
+    report_path = host.runs / run_id / gate_run.REPORT
+    report = gate_unit.run(argv, run_id, report_path, progress=lambda line: output.err.print(line, markup=False))
+    data = report | {"report": str(report_path), "unit": gate_unit.unit_name(run_id)}
+    output.emit(data, as_json, lambda: print_gate(data))
+    raise typer.Exit(int(report.get("exit_code", 2)))
 
 
 def served_identity(

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from specdeploy.cli import base, output
 from specdeploy.cli.smoke import smoke_table
-from specdeploy.core import atomic, layout
+from specdeploy.core import atomic, deploylock, layout
 from specdeploy.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, SpecdeployError, UsageError, WriteError
 from specdeploy.smoke.reports import ReportFile, check_writable
 
@@ -126,7 +126,9 @@ def rollback_restore(
     restore.require_known(host, run_id, restore.read_record(host.rollback))
     if json_path is not None:
         check_writable(json_path, "--json")
-    raise typer.Exit(_restore(host, run_id, unit, json_path, recovering=False))
+    with deploylock.held(host.state, f"rollback restore of run {run_id}"):
+        code = _restore(host, run_id, unit, json_path, recovering=False)
+    raise typer.Exit(code)
 
 
 @rollback_app.command("recover")
@@ -150,6 +152,15 @@ def rollback_recover(
     host = base.host_layout(state_dir=state_dir)
     restore.check_run_id(run_id)
     restore.check_state_dir(host)
+    with deploylock.held(host.state, f"rollback recover for run {run_id}"):
+        code = _recover(host, run_id, unit, json_path)
+    raise typer.Exit(code)
+
+
+def _recover(host: layout.HostLayout, run_id: str, unit: str, json_path: Path | None) -> int:
+    """rollback recover, under the deploy lock: the exit code."""
+    from specdeploy.rollback import restore
+
     interrupted = restore.open_run(host, run_id)  # reads and checks the record before anything changes
     if json_path is not None:
         check_writable(json_path, "--json")
@@ -164,8 +175,8 @@ def rollback_recover(
         ) from None
     if interrupted is None:
         output.out.print("rollback recover: no interrupted run to recover")
-        raise typer.Exit(0)
-    raise typer.Exit(_restore(host, interrupted, unit, json_path, recovering=True))
+        return 0
+    return _restore(host, interrupted, unit, json_path, recovering=True)
 
 
 def register(app: typer.Typer) -> None:

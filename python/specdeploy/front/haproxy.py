@@ -20,6 +20,11 @@ What the rendered file does (docs/front.md):
   `runtime.set_state(..., "ready")` restores the weight);
 - the runtime API on a unix socket, `mode 600 level admin`: root only, since `level admin` may
   change every server's state.
+- HAProxy binds its port and reads its certificate as root, then its workers run as `user`/`group`
+  (Debian's haproxy), jailed in `chroot` (an empty directory), at most `maxconn` connections;
+- the servers' states are read at start from `server_state_file`, which `save_state` (the
+  service's reload and stop, ansible/roles/front) writes from the running HAProxy first: drain and
+  maint survive a reload or restart.
 
 The file holds paths and addresses only, never a secret; it is built as plain text (no template
 engine, no shell), every value in it validated by the model first.
@@ -76,10 +81,19 @@ def render(config: FrontConfig) -> str:
         f"    {log}",
         f"    stats socket {config.runtime_socket} mode 600 level admin",
         "    stats timeout 2m",
+        "    # bound and certificate read as root; every request parsed by an unprivileged, jailed worker",
+        f"    user {config.user}",
+        f"    group {config.group}",
+        f"    chroot {config.chroot}",
+        f"    maxconn {config.maxconn}",
+        "    # the servers' states (drain, maint, weight) saved before a reload or stop (`specdeploy front",
+        "    # save-state`) and read back at start: a reload never puts a drained host back in service",
+        f"    server-state-file {config.server_state_file}",
         "    ssl-default-bind-options ssl-min-ver TLSv1.2",
         "",
         "defaults",
         "    mode http",
+        "    load-server-state-from-file global",
         "    log global",
         "    # method, path, status and timings; no header is captured, so the API key never is",
         "    option httplog",

@@ -4,6 +4,8 @@ admin`, haproxy.render writes it): one command per connection, HAProxy answers a
 - `set_state(server, ready|drain|maint)`: `set server <backend>/<server> state ...` (ready also
   sets the weight back, since a server rendered in `drain` has weight 0);
 - `servers_state()`: `show servers state <backend>`, parsed by its header line;
+- `save_state(path)`: every server's state, written (atomically) where `server-state-file` reads it
+  back at the next start: a reload keeps a drained server drained;
 - `stat()` and `sessions(server)`: `show stat` (CSV, parsed with `csv`), its `scur` column the
   server's current sessions — the requests still in flight on it;
 - `wait_drained(server, timeout_s)`: polls `scur` down to 0, reporting progress;
@@ -207,6 +209,23 @@ class RuntimeApi:
             values = line.split()
             rows.append(dict(zip(names, values, strict=False)))
         return rows
+
+    def save_state(self, path: str | Path) -> int:
+        """Write `show servers state` (every backend's servers: admin state, weight) to `path`,
+        atomically: the file HAProxy's `server-state-file` reads back at its next start, so a reload
+        or restart keeps a drained or maintained server so. Returns the servers saved."""
+        from specdeploy.core import atomic
+
+        reply = self._checked("show servers state")
+        lines = [line for line in reply.splitlines() if line.strip()]
+        if not lines or not lines[0].strip().isdigit() or not any(line.startswith("# ") for line in lines):
+            raise RuntimeApiError(
+                f"`show servers state`: expected a version line and a header, found {reply[:200]!r}",
+                hint="is this HAProxy 1.6 or later, and the socket its runtime API (level admin)?",
+            )
+        servers = len(lines) - 2
+        atomic.write_bytes(Path(path), ("\n".join(lines) + "\n").encode(), mode=0o600)
+        return servers
 
     def stat(self) -> list[dict[str, str]]:
         """`show stat`: the CSV rows of this backend's servers (not its FRONTEND/BACKEND summaries)."""

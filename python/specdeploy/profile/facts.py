@@ -108,6 +108,10 @@ def deploy_facts(
         "front": {
             "cert": profile.front.cert_path,
             "socket": profile.front.runtime_socket,
+            # saved before each reload and stop of HAProxy's service, read back at its start
+            "state_file": profile.front.server_state_file,
+            # where HAProxy's service gets its drop-in (the states saved before a reload or stop)
+            "systemd_dir": str(layout.SYSTEMD_UNIT_DIR),
             "config": str(layout.HAPROXY_CONFIG),
             "drain_timeout_s": profile.migration.drain_timeout_s,
         },

@@ -741,6 +741,7 @@ FRONT_EXTRA_PATHS = ("/health", "/version")  # the only allowed paths outside /v
 _FRONT_PATH_RE = re.compile(r"^/[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$")
 _LOG_TARGET_RE = re.compile(r"^(stderr|stdout|/[^\s#\\\"']+|(ipv4|ipv6|udp|udp4|udp6)@[^\s#\\\"']+)$")
 _SAFE_PATH_RE = re.compile(r"^[^\s#\\\"']+$")
+_ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 UNIX_PATH_MAX = 107  # sun_path holds 108 bytes, the terminating NUL included
 
 
@@ -799,6 +800,29 @@ class FrontSpec(_Strict):
     )
     balance: Literal["leastconn", "roundrobin"] = Field(
         "leastconn", description="how requests are spread over ready engines (default leastconn: long streams)"
+    )
+    user: str = Field(
+        "haproxy",
+        description="the account HAProxy's workers run as once it has bound its port and read its certificate "
+        "(default Debian's haproxy; never root)",
+    )
+    group: str = Field("haproxy", description="the group HAProxy's workers run as (default Debian's haproxy)")
+    chroot: str = Field(
+        "/var/lib/haproxy",
+        description="the empty directory HAProxy's workers are jailed in (default Debian's /var/lib/haproxy, "
+        "where Debian's unit binds /dev/log)",
+    )
+    maxconn: int = Field(
+        4096,
+        ge=16,
+        le=1_000_000,
+        description="connections HAProxy holds at once, clients and engines together (default 4096); past it, new "
+        "clients wait in the kernel's queue instead of exhausting the host",
+    )
+    server_state_file: str = Field(
+        "/var/lib/haproxy/specdeploy-server-state",
+        description="where the servers' states (drain, maint, weight) are saved before a reload or stop and read "
+        "back at start, so a reload never puts a drained host back in service",
     )
 
     @field_validator("listen_address")
@@ -885,6 +909,27 @@ class FrontSpec(_Strict):
             raise ValueError(
                 f"front.runtime_socket: expected a path of at most {UNIX_PATH_MAX} bytes (a unix socket's limit), "
                 f"found {len(v.encode())} bytes: {v!r}"
+            )
+        return v
+
+    @field_validator("user", "group")
+    @classmethod
+    def _account(cls, v: str, info: Any) -> str:
+        if not _ACCOUNT_RE.match(v):
+            raise ValueError(f"front.{info.field_name}: expected a system account's name (like haproxy), found {v!r}")
+        if v == "root":
+            raise ValueError(
+                f"front.{info.field_name}: expected an unprivileged account (like haproxy), found 'root': HAProxy "
+                "would parse every client's request with all privileges"
+            )
+        return v
+
+    @field_validator("chroot", "server_state_file")
+    @classmethod
+    def _absolute_path(cls, v: str, info: Any) -> str:
+        if not v.startswith("/") or not _SAFE_PATH_RE.match(v) or "/../" in v + "/" or v == "/":
+            raise ValueError(
+                f"front.{info.field_name}: expected an absolute path (not /, no .., spaces, quotes or #), found {v!r}"
             )
         return v
 

@@ -1,0 +1,144 @@
+"""The gate as a transient systemd unit (`specdeploy gate --as-unit`): a gate that outlives the
+controller that started it.
+
+Failure prevented: the controller (Ansible over SSH) dies mid-gate — the machine it runs on
+reboots, its network drops, someone presses ^C twice. Run as a child of the SSH session, the gate
+gets the session's SIGHUP or is killed with it: its report stays "running", the new stack serves
+ungated, and nothing is rolled back. Started by systemd as `specdeploy-gate-<run id>.service`
+(`systemd-run`), the gate belongs to no session: it finishes on its own, with its report and, when
+the stack fails, the rollback with its proof. The caller only watches: it prints a line at least
+every `PROGRESS_S` seconds while the unit runs, then the unit's report, and exits with the report's
+exit code; killed, it leaves the unit running to its end.
+
+The unit's output goes to the journal (`journalctl -u specdeploy-gate-<run id>`), never to the
+caller's pipe: a gate writing to a pipe whose reader died would itself die of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from specdeploy.core import deploylock
+from specdeploy.core.errors import SpecdeployError, UsageError
+from specdeploy.host import command
+from specdeploy.rollback import restore
+
+UNIT_PREFIX = "specdeploy-gate-"
+_UNIT_SAFE_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+PROGRESS_S = 15.0
+POLL_S = 1.0
+SYSTEMD_RUN = "systemd-run"
+SYSTEMCTL = "systemctl"
+
+
+class GateUnitError(SpecdeployError):
+    """The gate's unit could not be started, or ended without a finished report."""
+
+    exit_code = 2
+
+
+def unit_name(run_id: str) -> str:
+    """`specdeploy-gate-<run id>.service` (the run id checked first: it is part of a unit name)."""
+    restore.check_run_id(run_id)
+    if not _UNIT_SAFE_RE.match(run_id):
+        raise UsageError(
+            f"--run-id {run_id!r}: expected letters, digits, '-', '_' or '.' for --as-unit, found other characters: "
+            "the run id is part of the gate's unit name",
+            hint="use a run id like the deploy's own (e.g. 20250101T120000000000Z)",
+        )
+    return f"{UNIT_PREFIX}{run_id}.service"
+
+
+def _play_env() -> list[str]:
+    """The play's run id, which the deploy lock knows the gate by (core.deploylock): a unit starts
+    with systemd's environment, not the caller's."""
+    run = os.environ.get(deploylock.ENV_RUN)
+    return [f"--setenv={deploylock.ENV_RUN}={run}"] if run and _UNIT_SAFE_RE.match(run) else []
+
+
+def _state(name: str, systemctl: str) -> dict[str, str]:
+    done = command.run(
+        [systemctl, "show", name, "--property=ActiveState,SubState,Result,ExecMainStatus,LoadState"], timeout=30
+    )
+    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+
+def _finished(state: dict[str, str]) -> bool:
+    return state.get("LoadState") == "not-found" or state.get("ActiveState") in ("inactive", "failed")
+
+
+def _read_report(path: Path) -> dict[str, Any] | None:
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def run(
+    argv: list[str],
+    run_id: str,
+    report_path: Path,
+    *,
+    progress: Callable[[str], None] | None = None,
+    systemd_run: str = SYSTEMD_RUN,
+    systemctl: str = SYSTEMCTL,
+    poll_s: float = POLL_S,
+    progress_s: float = PROGRESS_S,
+) -> dict[str, Any]:
+    """Start `argv` (a `specdeploy gate` without --as-unit) as the transient unit of `run_id`, wait
+    for it to end and return the report it wrote at `report_path`. A unit that ended without a
+    finished report (killed, or a crash before the report) is a GateUnitError naming its journal."""
+    name = unit_name(run_id)
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        started = command.run(
+        [
+                systemd_run, "--unit", name, "--collect", "--quiet", "--property=Type=exec",
+                f"--description=specdeploy gate of run {run_id}", *_play_env(), "--", *argv,
+            ],
+            timeout=60,
+        )  # fmt: skip
+    except command.ProgramRunError as exc:
+        raise GateUnitError(
+            f"the gate's unit {name} could not be started: {exc.message}",
+            hint="--as-unit needs systemd (systemd-run); without it, run the gate without --as-unit",
+        ) from None
+    if started.returncode != 0:
+        raise GateUnitError(
+            f"the gate's unit {name} could not be started: {(started.stderr or started.stdout).strip()[-500:]}",
+            hint="a unit of that name exists when this run was gated already (start a new run id); "
+            "otherwise check that systemd runs on this host (`systemctl is-system-running`)",
+        )
+    begun = time.monotonic()
+    last = begun
+    say(f"gate: running as {name} (it finishes even if this command is killed; journalctl -u {name})")
+    while True:
+        state = _state(name, systemctl)
+        if _finished(state):
+            break
+        now = time.monotonic()
+        if now - last >= progress_s:
+            last = now
+            report = _read_report(report_path) or {}
+            say(
+                f"gate: {name} {state.get('ActiveState', '?')} for {now - begun:.0f} s; "
+                f"report: {report.get('verdict', 'not yet written')}"
+            )
+        time.sleep(poll_s)
+    report = _read_report(report_path)
+    if report is None or report.get("verdict") == "running" or report.get("finished_at") is None:
+        status = state.get("ExecMainStatus") or "?"
+        raise GateUnitError(
+            f"the gate's unit {name} ended (exit status {status}) without a finished report at {report_path}",
+            hint=f"read `journalctl -u {name}`; then `specdeploy rollback restore --run-id {run_id}` puts back what "
+            "this run replaced and proves the previous stack serves",
+        )
+    return report
