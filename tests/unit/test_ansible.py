@@ -64,8 +64,10 @@ def test_every_stage_that_can_restart_the_engine_brings_the_gate_when_run_alone(
     """GPU-host blocker 9: `--tags engine` restarted the engine with no gate after it, so a
     failing stack stayed and nothing rolled it back. Each stage that can replace what the
     engine runs on, run alone, now lists the gate (and the flush of its pending restart)
-    after its own tasks; a stage that cannot (preflight) does not."""
-    for stage in ("engine", "drafter_config", "weights", "images"):
+    after its own tasks; a stage that cannot (preflight) does not. The GPU container runtime
+    (podman and the toolkit at new versions, a regenerated CDI spec) changes what the running
+    engine's container runs through: it brings the gate too (issue 35)."""
+    for stage in ("engine", "drafter_config", "weights", "images", "gpu_runtime"):
         listed = _list_tasks("--tags", stage)
         assert listed.returncode == 0, listed.stdout + listed.stderr
         tasks = [line.strip() for line in listed.stdout.splitlines()]

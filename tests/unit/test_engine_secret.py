@@ -98,3 +98,34 @@ def test_a_missing_or_short_key_is_refused_before_anything_is_written(tmp_path: 
         secret.read(profile, host)
     assert "401" in unread.value.message
     assert secret.read(load_profile("cpu-rehearsal"), host) is None  # no key in the profile, none sent
+
+
+def test_a_key_rotated_by_a_failed_run_is_put_back_by_its_rollback_podman_secret_included(
+    tmp_path: Path, secret_name: str
+) -> None:
+    """Issue 35: a deploy that rotates the key and then fails its gate must leave the previous stack
+    serving with the key its clients have. The run keeps the old key file (its keeper); the rollback
+    puts it back and makes the podman secret from it again before the engine restarts (systemctl is
+    a recorder here; podman and the files are real)."""
+    from specdeploy.core.keeper import Keeper
+    from specdeploy.rollback import restore
+
+    host = layout.HostLayout(state=tmp_path / "state")
+    profile = _profile(secret_name)
+    old, new = "sk-" + secrets.token_hex(24), "sk-" + secrets.token_hex(24)
+    secret.install(profile, host, old)
+    rotated = secret.install(profile, host, new, keeper=Keeper(host.rollback, "run-rotate"))
+    path = host.secret_file(secret_name)
+    assert rotated.changed and path.read_text() == new
+    graph = subprocess.run(["podman", "info", "--format", "{{.Store.GraphRoot}}"], capture_output=True, text=True)
+    store = Path(graph.stdout.strip()) / "secrets" / "filedriver" / "secretsdata.json"
+    assert base64.b64encode(new.encode()) in store.read_bytes()
+    calls: list[list[str]] = []
+    done = restore.restore(host.rollback, "run-rotate", unit="specdeploy-engine", run=calls.append,
+                           unit_files=(tmp_path / "no-unit",), secrets=host.secrets)  # fmt: skip
+    assert done.restored == [str(path)] and path.read_text() == old
+    assert path.stat().st_mode & 0o777 == 0o600
+    data = store.read_bytes()
+    assert base64.b64encode(old.encode()) in data and base64.b64encode(new.encode()) not in data
+    copies = list((host.rollback / "copies").glob("*")) if (host.rollback / "copies").exists() else []
+    assert all(c.stat().st_mode & 0o077 == 0 for c in copies)  # a kept key is root's alone too

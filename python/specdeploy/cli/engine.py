@@ -188,16 +188,28 @@ def engine_api_key(
     profile: base.ProfileOpt,
     state_dir: base.StateDirOpt = None,
     podman: base.PodmanOpt = "podman",
+    rollback_dir: base.RollbackDirOpt = None,
+    run_id: base.RunIdOpt = "",
 ) -> None:
     """Install the engine's API key, read from standard input (how Ansible passes it from
     the vault; never argv): <state>/secrets/<name> (mode 0600) and, for a container engine,
-    the podman secret of that name. Prints JSON {"changed", "file", "podman"} for Ansible."""
+    the podman secret of that name. With --rollback-dir and --run-id, a key it replaces is kept
+    for the run's rollback (which puts it back, podman secret included). Prints JSON {"changed",
+    "file", "podman"} for Ansible."""
     from specdeploy.engine import secret
 
     p = load_profile(profile)
     secret.secret_name(p)  # a profile without a key is refused before standard input is read
+    if rollback_dir is not None and not run_id:
+        raise UsageError(
+            "--rollback-dir needs --run-id: the kept key belongs to a deploy run; nothing was written",
+            hint="pass --run-id ID (Ansible passes the run's id), or leave --rollback-dir out",
+        )
     key = secret.read_key(sys.stdin)
-    installed = secret.install(p, base.host_layout(state_dir=state_dir), key, podman=podman)
+    host = base.host_layout(state_dir=state_dir)
+    keeper = Keeper(rollback_dir, run_id) if rollback_dir is not None else None
+    with deploylock.held(host.state, f"engine api-key for run {run_id or '-'}"):
+        installed = secret.install(p, host, key, podman=podman, keeper=keeper)
     data = {"name": installed.name, "file": installed.file, "changed": installed.changed, "podman": installed.podman}
     output.emit(data, True, lambda: None)
 

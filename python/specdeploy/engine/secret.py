@@ -21,6 +21,7 @@ from typing import IO, Any
 from specdeploy.core import atomic, files, layout
 from specdeploy.core.errors import InputFileError, SpecdeployError
 from specdeploy.core.files import LIMITS
+from specdeploy.core.keeper import Keeper
 from specdeploy.images import podman as podman_exe
 from specdeploy.profile import Profile
 
@@ -119,9 +120,14 @@ def _require_key_path(path: Path, host: layout.HostLayout) -> None:
         )
 
 
-def install(profile: Profile, host: layout.HostLayout, key: str, *, podman: str = "podman") -> Installed:
+def install(
+    profile: Profile, host: layout.HostLayout, key: str, *, podman: str = "podman", keeper: Keeper | None = None
+) -> Installed:
     """Store `key` as the profile's API key on this host (idempotent), and as a podman secret
-    for a container engine. The key is passed to podman on standard input, never in argv."""
+    for a container engine. The key is passed to podman on standard input, never in argv. With a
+    `keeper` (the deploy run's), the key it replaces is kept first: a rollback puts it back and
+    makes the podman secret from it again (`renew_podman_secret`), so the previous stack serves
+    with the key its clients have."""
     name = secret_name(profile)
     key = key.strip()
     if len(key) < MIN_LENGTH:
@@ -145,7 +151,15 @@ def install(profile: Profile, host: layout.HostLayout, key: str, *, podman: str 
     data = key.encode()
     changed = not (path.is_file() and path.read_bytes() == data and (path.stat().st_mode & 0o777) == FILE_MODE)
     if changed:
-        atomic.write_bytes(path, data, FILE_MODE)
+        staged = keeper.stage(path) if keeper is not None else None
+        try:
+            atomic.write_bytes(path, data, FILE_MODE)
+        except BaseException:
+            if staged is not None:
+                staged.discard()
+            raise
+        if staged is not None:
+            staged.commit()
     podman_state = "not used"
     if profile.engine.runtime == "container":
         exists = _podman(podman, "inspect", name).returncode == 0
@@ -162,6 +176,27 @@ def install(profile: Profile, host: layout.HostLayout, key: str, *, podman: str 
                 )
             podman_state = "created"
     return Installed(name, str(path), changed, podman_state)
+
+
+def renew_podman_secret(path: Path, *, podman: str = "podman") -> str:
+    """After a rollback put a key file back: the podman secret of the same name made again from it
+    (a container engine reads the secret, not the file). "not used" where there is no podman or it
+    holds no secret of that name (a venv engine reads the file itself); "created" otherwise."""
+    import shutil
+
+    name = path.name
+    if shutil.which(podman) is None or _podman(podman, "inspect", name).returncode != 0:
+        return "not used"
+    data = files.read_bytes(path, what="API key file", limit=LIMITS["key"]).strip()
+    _podman(podman, "rm", name)
+    done = _podman(podman, "create", name, "-", stdin=data)
+    if done.returncode != 0:
+        raise SecretError(
+            f"podman secret create {name} failed (exit {done.returncode}) while putting the previous key back: "
+            + done.stderr.decode(errors="replace").strip(),
+            hint=f"recreate it by hand from {path}: `podman secret create {name} {path}`, then restart the engine",
+        )
+    return "created"
 
 
 def read(profile: Profile, host: layout.HostLayout) -> str | None:

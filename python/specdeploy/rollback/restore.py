@@ -212,8 +212,11 @@ def restore(
     unit: str,
     run: Systemctl = systemctl,
     unit_files: tuple[Path, ...] = tuple(layout.UNIT_FILES.values()),
+    secrets: Path | None = None,
+    podman: str = "podman",
 ) -> Restored:
-    """Put back everything run `run_id` replaced, then restart (or stop) the engine unit."""
+    """Put back everything run `run_id` replaced, then restart (or stop) the engine unit. A key
+    file put back under `secrets` gets its podman secret made again from it before the restart."""
     directory = Path(directory)
     record = read_record(directory)
     # a run that ended (its gate passed, or it was restored) is never restored (again): the play's
@@ -246,6 +249,9 @@ def restore(
         (removed if entry.kind == "absent" else restored).append(entry.path)
     unit_entry = next((e for e in record.entries if Path(e.path).stem == unit), None)
     try:
+        for entry in record.entries:  # the previous key, as the container engine reads it
+            if secrets is not None and entry.kind == "file" and Path(entry.path).parent == Path(secrets):
+                secret.renew_podman_secret(Path(entry.path), podman=podman)
         run(["daemon-reload"])
         if unit_entry is not None and unit_entry.kind == "absent":
             run(["stop", unit])
@@ -258,7 +264,7 @@ def restore(
             run(["reset-failed", unit])
             run(["restart", unit])
             action = "restarted"
-    except RollbackError as exc:
+    except (RollbackError, secret.SecretError) as exc:
         raise RestoreIncomplete(
             f"put back {restored + removed}, but the engine was not restarted: {exc.message}",
             hint=exc.hint,
@@ -337,7 +343,7 @@ def restore_and_prove(
     stack with the profile it was deployed with (named in its unit). The downtime runs from
     the run's first replacement (the old engine stopped right after) to the restored
     engine's readiness."""
-    restored = restore(host.rollback, run_id, unit=unit, run=run, unit_files=unit_files)
+    restored = restore(host.rollback, run_id, unit=unit, run=run, unit_files=unit_files, secrets=host.secrets)
     if not restored.anything:
         message = (
             "nothing to restore: this run replaced nothing, or it ended (passed its gate or was restored already)"
