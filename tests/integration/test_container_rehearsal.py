@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -171,15 +172,22 @@ def test_the_engine_image_built_on_the_host_holds_the_same_files_as_the_one_buil
 
 def test_a_failed_gate_restores_the_previous_container_stack_which_serves(rig: Rig, tmp_path: Path) -> None:
     """A stack that starts and answers but fails the gate (here: an acceptance floor it cannot
-    reach, as a corrupted drafter would) is replaced by the previous one, proven to serve."""
+    reach, as a corrupted drafter would) is replaced by the previous one, proven to serve. The run
+    also rotated the API key (issue 35): the previous stack serves again with the previous key, its
+    podman secret made from the kept key file, and the rotated key is refused."""
     unit_before = rig.host.ssh(f"cat {UNIT}").stdout
     profiles = _variant(rig, tmp_path, variants.unreachable_acceptance_floor(load_profile(PROFILE)))
-    run, report = container_rig.play(rig, profiles=profiles)
+    rotated = "sk-rotated-" + secrets.token_hex(16)
+    vars_file = tmp_path / "rotated.json"
+    vars_file.touch(mode=0o600)
+    vars_file.write_text(json.dumps({"engine_api_key": rotated}))
+    run, report = container_rig.play(rig, profiles=profiles, vars_file=vars_file)
     assert run.returncode != 0 and "the gate did not pass" in run.stdout, run.stdout[-4000:]
     assert report is not None and report["verdict"] == "fail", report
     assert report["rollback"]["previous_stack_serves"] is True, report["rollback"]
     assert rig.host.ssh(f"cat {UNIT}").stdout == unit_before
     assert _status(rig, "/v1/models", key=API_KEY) == 200
+    assert _status(rig, "/v1/models", key=rotated) == 401
 
 
 def test_an_interrupted_run_is_restored_and_proven_before_the_next_run_replaces_anything(rig: Rig) -> None:

@@ -88,7 +88,9 @@ def started(work: Path) -> Iterator[Rig]:
             hosts.stop(HOST_NAME)
 
 
-def _play_argv(rig: Rig, run_id: str, profiles: Path | None, images: dict[str, str] | None) -> list[str]:
+def _play_argv(
+    rig: Rig, run_id: str, profiles: Path | None, images: dict[str, str] | None, vars_file: Path | None = None
+) -> list[str]:
     recording = dict(item.split("=", 1) for item in rig.recording.split())
     argv = deploy.playbook_argv(
         rig.host,
@@ -111,15 +113,16 @@ def _play_argv(rig: Rig, run_id: str, profiles: Path | None, images: dict[str, s
         vault=rig.vault,
         host_vars=recording,
     )
-    return [*argv, "-vvv"]
+    # a secret's override (a rotated key) from a root-only file, never on the command line
+    return [*argv, *(["-e", f"@{vars_file}"] if vars_file is not None else []), "-vvv"]
 
 
 def play(
-    rig: Rig, *, profiles: Path | None = None, images: dict[str, str] | None = None
+    rig: Rig, *, profiles: Path | None = None, images: dict[str, str] | None = None, vars_file: Path | None = None
 ) -> tuple[subprocess.CompletedProcess[str], dict | None]:
     """One play (-vvv, kept for the canary search), and its own gate report from the host."""
     run_id = new_run_id()
-    run = deploy.run_playbook(_play_argv(rig, run_id, profiles, images), capture=True)
+    run = deploy.run_playbook(_play_argv(rig, run_id, profiles, images, vars_file), capture=True)
     rig.plays += 1
     (rig.logs / f"play-{rig.plays}-vvv.log").write_text(run.stdout + run.stderr)
     return run, deploy.gate_report(rig.host, run_id)

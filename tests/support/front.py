@@ -259,6 +259,7 @@ def front_config(directory: Path, pem: Path, backends: list[Backend], **override
         "log": "stderr",
         "check_interval_s": 0.1,
         "server_state_file": str(directory / "server-state"),
+        "metrics_port": free_port(),
     } | overrides
     return FrontConfig.of(FrontSpec(), backends, **settings)
 

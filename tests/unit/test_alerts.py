@@ -76,10 +76,13 @@ def _exported_names() -> set[str]:
 
 def test_the_rules_are_built_only_on_metrics_the_host_exports() -> None:
     """vLLM's /metrics is loopback-only: a rule on a vllm:* series would never fire at a site. Every
-    series the rules read is one the light gate's textfile writes."""
-    exported = _exported_names()
+    series the rules read is one the light gate's textfile writes, or the front's HAProxy exporter's
+    server state (scraped from the real HAProxy in tests/unit/test_front.py)."""
+    from specdeploy.front.haproxy import SERVER_STATE_SERIES
+
+    exported = _exported_names() | {SERVER_STATE_SERIES}
     used = {name for alert in _alerts() for name in re.findall(r"\b[a-z_:]+(?=[\[{)\s]|$)", alert["expr"])}
-    series = {name for name in used if name.startswith(("specdeploy_", "vllm:", "node_"))}
+    series = {name for name in used if name.startswith(("specdeploy_", "vllm:", "node_", "haproxy_"))}
     assert series and series <= exported, sorted(series - exported)
     test_series = {
         re.match(r"[a-z_:]+", s["series"]).group()  # type: ignore[union-attr]

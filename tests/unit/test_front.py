@@ -81,6 +81,8 @@ def test_the_profile_s_front_section_defaults_serve_only_the_v1_routes_and_healt
         ({"chroot": "var/lib/haproxy"}, "front.chroot: expected an absolute path"),
         ({"server_state_file": "/var/lib/../../etc/passwd"}, "front.server_state_file: expected an absolute path"),
         ({"maxconn": 0}, "greater than or equal to 16"),
+        ({"metrics_port": 443}, "front.metrics_port: expected a port other than listen_port (443), found 443"),
+        ({"metrics_address": "localhost"}, "front.metrics_address: expected an IP address"),
         ({"backends": [{"name": "a"}]}, "Extra inputs are not permitted"),
     ],
 )
@@ -345,6 +347,31 @@ def test_haproxy_parses_requests_as_its_own_unprivileged_account_jailed_with_a_c
     assert os.readlink(f"/proc/{pid}/root") == "/var/lib/haproxy"
     info = RuntimeApi(front.socket).command("show info")
     assert "Maxconn: 4096" in info
+
+
+def test_the_exporter_names_each_engine_host_s_state_as_the_alert_reads_it(
+    two: tuple[support.Front, dict[str, support.EchoEngine]],
+) -> None:
+    """HAProxy's own Prometheus exporter (rendered on the front host's loopback): the series
+    monitoring/alerts.yml's SpecdeployFrontServerOutOfService reads, parsed with prometheus_client's
+    parser — 1 for the state each server is in, DRAIN for a drained one, MAINT for one taken out."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    front, _ = two
+    api = RuntimeApi(front.socket)
+    api.set_state("a", "drain")
+    api.set_state("b", "maint")
+    base = f"http://127.0.0.1:{front.config.metrics_port}"
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    states = {
+        (s.labels["server"], s.labels["state"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == haproxy.SERVER_STATE_SERIES and s.labels.get("proxy") == "engines"
+    }
+    assert {k for k, v in states.items() if v == 1} == {("a", "DRAIN"), ("b", "MAINT")}, states
+    assert httpx.get(f"{base}/stats", timeout=10).status_code == 404  # /metrics only
 
 
 def test_a_reload_keeps_a_drained_server_drained_and_one_in_maint_out_once_the_states_are_saved(

@@ -22,6 +22,9 @@ What the rendered file does (docs/front.md):
   change every server's state.
 - HAProxy binds its port and reads its certificate as root, then its workers run as `user`/`group`
   (Debian's haproxy), jailed in `chroot` (an empty directory), at most `maxconn` connections;
+- HAProxy's Prometheus exporter on `metrics_address:metrics_port` (loopback by default), GET
+  /metrics only: `haproxy_server_status{proxy="engines",state=...}` feeds the alert on a server
+  left drained or in maint (monitoring/alerts.yml);
 - the servers' states are read at start from `server_state_file`, which `save_state` (the
   service's reload and stop, ansible/roles/front) writes from the running HAProxy first: drain and
   maint survive a reload or restart.
@@ -44,6 +47,8 @@ from specdeploy.host import command
 HAPROXY = "haproxy"
 CHECK_TIMEOUT_S = 30.0
 DENY_BODY = "specdeploy front: this path is not served here"
+# the series of HAProxy's exporter monitoring/alerts.yml reads (one per server and state, 1 for its state)
+SERVER_STATE_SERIES = "haproxy_server_status"
 
 
 class HaproxyConfigError(SpecdeployError):
@@ -100,6 +105,9 @@ def render(config: FrontConfig) -> str:
         "    option dontlognull",
         "    option forwardfor",
         f"    timeout connect {_duration(config.timeout_connect_s)}",
+        "    # a health check's answer may take as long as a connection (unset, it is the check's interval:",
+        "    # a loaded engine slow by 2 s for three checks would be taken out)",
+        f"    timeout check {_duration(config.timeout_connect_s)}",
         f"    timeout client {_duration(config.timeout_client_s)}",
         f"    timeout server {_duration(config.timeout_server_s)}",
         f"    timeout http-request {_duration(config.timeout_http_request_s)}",
@@ -111,6 +119,14 @@ def render(config: FrontConfig) -> str:
         f'    http-request return status {config.deny_status} content-type text/plain string "{DENY_BODY}" '
         "unless allowed_path",
         f"    default_backend {BACKEND}",
+        "",
+        "# HAProxy's own Prometheus exporter: each engine host's state (up, drain, maint) and traffic, for",
+        "# monitoring/alerts.yml (a server left drained or in maint). GET /metrics only, unlogged.",
+        "frontend metrics",
+        f"    bind {_bind(config.metrics_address, config.metrics_port)}",
+        "    no log",
+        "    http-request use-service prometheus-exporter if { path /metrics }",
+        "    http-request return status 404",
         "",
         f"backend {BACKEND}",
         f"    balance {config.balance}",

@@ -819,23 +819,42 @@ class FrontSpec(_Strict):
         description="connections HAProxy holds at once, clients and engines together (default 4096); past it, new "
         "clients wait in the kernel's queue instead of exhausting the host",
     )
+    metrics_address: str = Field(
+        "127.0.0.1",
+        description="where HAProxy's Prometheus exporter listens (default the front host's loopback: a local "
+        "agent or node scrapes it; its figures name the engine hosts and their states)",
+    )
+    metrics_port: int = Field(
+        8405, ge=1, le=65535, description="its port (default 8405); GET /metrics, anything else 404"
+    )
     server_state_file: str = Field(
         "/var/lib/haproxy/specdeploy-server-state",
         description="where the servers' states (drain, maint, weight) are saved before a reload or stop and read "
         "back at start, so a reload never puts a drained host back in service",
     )
 
-    @field_validator("listen_address")
+    @field_validator("listen_address", "metrics_address")
     @classmethod
-    def _ip_address(cls, v: str) -> str:
+    def _ip_address(cls, v: str, info: Any) -> str:
         import ipaddress
 
         try:
             ipaddress.ip_address(v)
         except ValueError:
             raise ValueError(
-                f"front.listen_address: expected an IP address (0.0.0.0, :: or one of the host's), found {v!r}"
+                f"front.{info.field_name}: expected an IP address (0.0.0.0, :: or one of the host's), found {v!r}"
             ) from None
+        return v
+
+    @field_validator("metrics_port")
+    @classmethod
+    def _two_ports(cls, v: int, info: Any) -> int:
+        listen = info.data.get("listen_port")
+        if v == listen:
+            raise ValueError(
+                f"front.metrics_port: expected a port other than listen_port ({listen}), found {v}: the exporter "
+                "and the clients' TLS cannot share one"
+            )
         return v
 
     @field_validator("cert_path")
