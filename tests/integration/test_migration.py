@@ -57,6 +57,7 @@ from specdeploy.gate.run import new_run_id
 from specdeploy.images.build import image_tag
 from specdeploy.migrate import load
 from specdeploy.profile import load_profile
+from specdeploy.profile.lock import Lock
 from specdeploy.rehearsal import deploy, engine_image, hosts, hub, migration, variants
 from specdeploy.smoke.transcript import golden_tokens
 
@@ -403,9 +404,14 @@ def test_new_switches_to_the_main_job_s_real_model_and_its_gate_shows_the_model_
     base = engine_image.base_in_registry(real, registry=registry.address, cert_dir=registry.cert_dir)
     profiles = deploy.pinned_profile(real, site.rig.served.commits, tmp_path / "profiles", base=base).parent
     run_id = new_run_id()
-    # the chain's engine image (the same Containerfile and wheels) from its archive: the site's lock
-    # records no registry digest for this profile (the main job pushes one; this chain never does)
-    archive = ("-e", "images_source=archive", "-e", f"images_archive_src={site.rig.engine_archive}")
+    # the profile's own engine image (its label names the profile), built once on the controller and
+    # given to NEW as an archive: the site's lock records no registry digest for this profile (the main
+    # job pushes one; this chain never does)
+    image = engine_image.archive_on_controller(
+        load_profile(profiles / f"{deploy.PROFILE}.yaml"), context=deploy.checkout(), wheels=site.rig.wheels,
+        lock=Lock(tmp_path / "builder.lock"), cert_dir=registry.cert_dir,
+    )  # fmt: skip
+    archive = ("-e", "images_source=archive", "-e", f"images_archive_src={image}")
     played = migration.Move.play(
         site, site.new.name, "-e", f"specdeploy_run_id={run_id}", *archive, profile=deploy.PROFILE, profiles=profiles
     )

@@ -192,3 +192,23 @@ def build_on_controller(
         stale.unlink()
     marker.write_text(f"{result.image_id}\n")
     return tag
+
+
+def archive_on_controller(
+    profile: Profile, *, context: Path, wheels: Path, lock: Lock, cert_dir: Path | None = None
+) -> Path:
+    """The engine image of `profile` built on the controller (`build_on_controller`) and kept as the
+    archive a host loads (`images_source: archive`, as an air-gapped site), once per cache key: for a
+    profile whose image no chain host builds (the main job's, whose image carries its own profile
+    label)."""
+    key = archive_key(profile, context=context, wheels=wheels)
+    dest = engine_archive(profile, key)
+    if dest.is_file():
+        return dest
+    tag = build_on_controller(profile, context=context, wheels=wheels, lock=lock, cert_dir=cert_dir)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _save(tag, dest)
+    for stale in dest.parent.glob(f"engine-{profile.name}-*.tar"):  # one kept image per profile (GBs each)
+        if stale != dest:
+            stale.unlink()
+    return dest
