@@ -169,3 +169,37 @@ def test_gate_as_unit_refuses_a_run_id_no_unit_can_be_named_by(run: Run, state: 
         2, "for --as-unit", fix="use a run id like the deploy's own"
     )
     assert not (state / "runs").exists()
+
+
+# ------------------------------------------------------------------------------------------ cdi keep
+
+
+def test_cdi_keep_with_a_run_id_that_is_not_a_plain_name_keeps_nothing(run: Run, state: Path) -> None:
+    spec = write(state.parent / "nvidia.yaml", "cdiVersion: 0.5.0\n")
+    run("cdi", "keep", "--spec", spec, "--state-dir", state, "--rollback-dir", state / "rollback",
+        "--run-id", "../x").expect(2, "--run-id '../x' is not a plain name", fix="use letters, digits")  # fmt: skip
+    assert not (state / "rollback").exists()
+
+
+def test_cdi_keep_while_an_earlier_run_is_open_refuses_and_keeps_its_copies(
+    run: Run, state: Path, snapshot: type
+) -> None:
+    from specdeploy.core.keeper import Keeper
+
+    spec = write(state.parent / "nvidia.yaml", "cdiVersion: 0.5.0\n")
+    Keeper(state / "rollback", "interrupted-1").stage(spec).commit()  # an earlier run that never ended
+    before: Snapshot = snapshot(state / "rollback", spec)
+    run("cdi", "keep", "--spec", spec, "--state-dir", state, "--rollback-dir", state / "rollback",
+        "--run-id", "run-2").expect(1, "run interrupted-1 replaced 1 item(s) and never ended",
+                                    fix="specdeploy rollback recover --run-id run-2")  # fmt: skip
+    assert before.unchanged()
+
+
+def test_cdi_keep_during_another_deploy_is_refused_naming_it(run: Run, state: Path, snapshot: type) -> None:
+    spec = write(state.parent / "nvidia.yaml", "cdiVersion: 0.5.0\n")
+    deploylock.acquire(state, "play-9", "deploy.yml")
+    before: Snapshot = snapshot(state)
+    answer = run("cdi", "keep", "--spec", spec, "--state-dir", state, "--rollback-dir", state / "rollback",
+                 "--run-id", "run-3")  # fmt: skip
+    answer.expect(75, "run play-9 (deploy.yml", fix="deploy-lock release --run-id play-9")
+    assert before.unchanged()

@@ -254,7 +254,7 @@ def test_the_gpu_runtime_role_regenerates_the_spec_after_a_driver_upgrade_and_on
         extra = tmp_path / "vars.json"
         smi = stand_ins[record]
         extra.write_text(json.dumps({"specdeploy_facts": facts, "gpu_runtime_cdi_spec": str(spec),
-                                     "preflight_nvidia_smi": smi}))  # fmt: skip
+                                     "preflight_nvidia_smi": smi, "specdeploy_run_id": "run-cdi"}))  # fmt: skip
         done = subprocess.run(
             [str(Path(sys.executable).parent / "ansible-playbook"), str(playbook), "-e", f"@{extra}",
              "--start-at-task", "Check the CDI spec was generated for the running driver", *options],
@@ -280,3 +280,43 @@ def test_the_gpu_runtime_role_regenerates_the_spec_after_a_driver_upgrade_and_on
     assert not list(spec.parent.glob("*.json"))  # nothing podman would take for a spec beside it
     deploy("a6000-x1-r515", "--check")  # a dry run that would regenerate: reads, changes nothing
     assert generations() == 2 and cdi.read_stamp(host.state / "cdi.json") == stamp
+    # the run kept what the first regeneration replaced (no spec then: absent), for its rollback
+    record = json.loads((host.rollback / "run.json").read_text())
+    kinds = {e["path"]: e["kind"] for e in record["entries"]}
+    assert kinds == {str(spec): "absent", str(host.state / "cdi.json"): "absent"}
+
+
+def test_a_failed_run_s_rollback_puts_back_the_spec_and_stamp_the_previous_stack_ran_with(tmp_path: Path) -> None:
+    """Issue 35: `cdi keep` before the spec is generated again; the run's rollback (restore, with
+    systemctl a recorder) puts back the previous spec and its stamp, byte for byte; a spec the run
+    created where there was none is removed by it."""
+    from specdeploy.core.keeper import Keeper
+    from specdeploy.rollback import restore
+
+    state = tmp_path / "state"
+    state.mkdir()
+    spec = tmp_path / "cdi" / "nvidia.yaml"
+    spec.parent.mkdir()
+    spec.write_text(SPEC_TEXT.replace("DRIVER", "515.48.07"))
+    stamp = cdi.stamp_path(state)
+    stamp.write_text('{"driver": "515.48.07"}\n')
+    before = (spec.read_bytes(), stamp.read_bytes())
+    kept = CliRunner().invoke(app, ["cdi", "keep", "--spec", str(spec), "--state-dir", str(state), "--rollback-dir",
+                                    str(state / "rollback"), "--run-id", "run-1", "--json"])  # fmt: skip
+    assert kept.exit_code == 0, kept.output
+    assert json.loads(kept.output)["kept"] == [str(spec), str(stamp)]
+    spec.write_text(SPEC_TEXT.replace("DRIVER", "580.159.04"))  # what nvidia-ctk and `cdi record` then write
+    stamp.write_text('{"driver": "580.159.04"}\n')
+    done = restore.restore(state / "rollback", "run-1", unit="specdeploy-engine", run=lambda _: None,
+                           unit_files=(tmp_path / "no-unit",))  # fmt: skip
+    assert sorted(done.restored) == sorted([str(spec), str(stamp)])
+    assert (spec.read_bytes(), stamp.read_bytes()) == before
+
+    fresh = tmp_path / "fresh"
+    (fresh / "state").mkdir(parents=True)
+    new_spec = fresh / "nvidia.yaml"
+    cdi.keep_for_rollback(new_spec, fresh / "state", Keeper(fresh / "state" / "rollback", "run-2"))
+    new_spec.write_text(SPEC_TEXT)
+    restore.restore(fresh / "state" / "rollback", "run-2", unit="specdeploy-engine", run=lambda _: None,
+                    unit_files=(tmp_path / "no-unit",))  # fmt: skip
+    assert not new_spec.exists()

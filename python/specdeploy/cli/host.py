@@ -162,6 +162,30 @@ def cdi_record(
     output.emit(data, as_json, lambda: _fields_table("cdi record", data))
 
 
+@cdi_app.command("keep")
+def cdi_keep(
+    rollback_dir: Annotated[Path, typer.Option("--rollback-dir", help="the deploy run's rollback directory")],
+    run_id: base.RunIdOpt,
+    spec: SpecOpt = Path("/etc/cdi/nvidia.yaml"),
+    state_dir: base.StateDirOpt = None,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Keep the CDI spec and its stamp for this run's rollback, before the spec is generated again:
+    a failed deploy puts both back with the previous stack (the engine it restarts reaches its GPUs
+    through the spec it ran with). Exit 2 when the run id is not a plain name or an earlier run was
+    interrupted (recover it first)."""
+    from specdeploy.core import deploylock
+    from specdeploy.core.keeper import Keeper
+    from specdeploy.rollback.restore import check_run_id
+
+    check_run_id(run_id)
+    state = base.host_layout(state_dir=state_dir).state
+    with deploylock.held(state, f"cdi keep for run {run_id}"):
+        kept = cdi.keep_for_rollback(spec, state, Keeper(rollback_dir, run_id))
+    data = {"run_id": run_id, "kept": kept, "rollback_dir": str(rollback_dir)}
+    output.emit(data, as_json, lambda: _fields_table("cdi keep", data))
+
+
 def register(app: typer.Typer) -> None:
     app.command("preflight")(preflight)
     app.add_typer(cdi_app, name="cdi")

@@ -7,8 +7,8 @@ beneath a gate that is judging the new one, and both report nonsense. A `specdep
 writes the host (`rollback restore`, `gate`, `unit install`), run by hand in the middle of a
 play, does the same.
 
-The lock is a record (JSON: who holds it, since when, until when), written under an flock so
-that taking and releasing it are atomic. Two kinds of holder:
+The lock is a record (JSON: who holds it, since when, until when), written under an flock of
+the state directory so that taking and releasing it are atomic. Two kinds of holder:
 
 | holder | takes it | gives it back | if it dies |
 |---|---|---|---|
@@ -41,7 +41,6 @@ from specdeploy.core import atomic
 from specdeploy.core.errors import SpecdeployError
 
 LOCK_NAME = "deploy.lock"
-GUARD_NAME = ".deploy.lock.guard"
 ENV_RUN = "SPECDEPLOY_DEPLOY_RUN"  # the run id of the play a verb runs under
 DEFAULT_LEASE_S = 6 * 3600.0
 POLL_S = 2.0
@@ -90,9 +89,10 @@ def _path(state: Path) -> Path:
 
 @contextlib.contextmanager
 def _guarded(state: Path) -> Iterator[None]:
-    """An flock on the guard file: one reader-writer of the record at a time, on this host."""
+    """An flock on the state directory itself: one reader-writer of the record at a time, on this
+    host, and no file of its own left behind (a verb by hand that ends leaves the state as it was)."""
     state = Path(state)
-    fd = os.open(state / GUARD_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -34,6 +34,7 @@ from typing import Any
 
 from specdeploy.core import atomic, files
 from specdeploy.core.errors import InputFileError, SpecdeployError
+from specdeploy.core.keeper import Keeper
 from specdeploy.host import command, gpus
 
 STAMP_NAME = "cdi.json"  # under the host layout's <state>
@@ -302,3 +303,15 @@ def record_running(
     spec = require_spec(spec)
     require_state_dir(state_dir)
     return record(spec, state_dir, driver_version(nvidia_smi, timeout=timeout))
+
+
+def keep_for_rollback(spec: Path, state_dir: Path, keeper: Keeper) -> list[str]:
+    """Before `nvidia-ctk cdi generate` replaces the spec: the current spec and its stamp kept for
+    the deploy run's rollback (`keeper`), which puts both back with the previous stack, so the
+    engine it restarts reaches its GPUs through the spec it ran with. Returns the paths kept (a
+    path that does not exist yet is kept as absent: the rollback removes what the run created)."""
+    kept = []
+    for path in (Path(spec), stamp_path(state_dir)):
+        keeper.stage(path).commit()
+        kept.append(str(path))
+    return kept
