@@ -2,6 +2,9 @@
 server (olah) serving fixture git repos, plus a small stub for the one thing olah cannot
 do: refuse a gated repo (HTTP 403 with `X-Error-Code: GatedRepo`, the hub's own shape).
 
+The repos are the tiny fixtures: the fetch's plumbing (names, hashes, containment, the account it
+runs as) needs files, not a model that speaks.
+
 Not testable here: resuming a partial download (olah ignores Range requests,
 docs/sources.md#olah); huggingface_hub's resume path is exercised on real hosts only.
 """

@@ -34,6 +34,9 @@ One chain, each test starting from what the previous left:
 10. NEW, serving alone, switched to the main job's profile (cpu-rehearsal-smollm2: the real model and its
    drafter, the gated hub, the same play): CI's one deploy of the real model and its gate.
 Traffic stays on the test hosts' own network and the controller's loopback.
+Steps 1-9 serve the tiny fixtures (cpu-rehearsal-container): they prove the plumbing — drains, moves,
+seeding, the front — at a speed a CI run allows, not what the answers say; step 10 judges a model that
+speaks.
 """
 
 from __future__ import annotations

@@ -182,6 +182,28 @@ def test_known_answers_below_the_accuracy_floor_fail_accuracy_and_a_small_model_
     assert loose.stage("accuracy").status is Verdict.passed and ">= floor 75%" in loose.stage("accuracy").summary
 
 
+def test_the_printed_report_shows_the_model_s_answers_right_and_wrong_and_the_lossless_tolerance(
+    engine: Callable,
+) -> None:
+    """What the gate prints (print_smoke, inside print_gate): each known answer's first line and
+    whether it was right, and the lossless stage's tolerance — what a person reads, not only a share."""
+    from specdeploy.cli import output
+    from specdeploy.cli.smoke import print_smoke
+
+    stub, url = engine()
+    stub.answers["6 times 7"] = "6 times 7 is 43."
+    report = smoke.run(_profile(_tolerance(0.05)), url, QUIET).to_json()
+    with output.out.capture() as captured:
+        print_smoke(report)
+    text = captured.get()
+    answers = text.split("answers", 1)[1].split("smoke ", 1)[0]  # the answers table, before the stages'
+    rows = {line.split("│")[1].strip(): line for line in answers.splitlines() if line.count("│") == 4}
+    assert "6 times 7 is 43." in rows["arithmetic"] and "fail" in rows["arithmetic"], text
+    assert "The capital of France is Paris." in rows["capital"] and "pass" in rows["capital"], text
+    assert len(rows) == 4, text
+    assert "tolerance 0.05" in next(s["summary"] for s in report["stages"] if s["name"] == "lossless")
+
+
 # --------------------------------------------------------------------------- the gate's served config
 
 
