@@ -374,6 +374,30 @@ def test_the_exporter_names_each_engine_host_s_state_as_the_alert_reads_it(
     assert httpx.get(f"{base}/stats", timeout=10).status_code == 404  # /metrics only
 
 
+def test_save_state_on_a_haproxy_still_running_debian_s_own_config_saves_no_server(cli: Any, short_dir: Path) -> None:
+    """The front's first reload: HAProxy still runs the package's own haproxy.cfg (a stats socket, no
+    `engines` backend) when the service's drop-in saves the states. The save must succeed with no
+    server, or that first reload fails and the front is never installed (seen on the migration chain)."""
+    import subprocess
+
+    sock = short_dir / "admin.sock"
+    cfg = short_dir / "debian.cfg"
+    cfg.write_text(f"global\n    stats socket {sock} mode 660 level admin\ndefaults\n    mode http\n")
+    process = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+        done = cli("front", "save-state", "--socket", sock, "--file", short_dir / "state", "--json")
+        assert done.exit_code == 0, done.output
+        assert json.loads(done.output)["servers_saved"] == 0
+        assert (short_dir / "state").read_text().startswith("1\n# be_id ")
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
 def test_a_reload_keeps_a_drained_server_drained_and_one_in_maint_out_once_the_states_are_saved(
     cli: Any, pem: Path, short_dir: Path
 ) -> None:

@@ -285,12 +285,12 @@ def front_save_state(
 
     api = runtime.RuntimeApi(socket_path or Path(FrontSpec().runtime_socket))
     target = state_file or Path(FrontSpec().server_state_file)
+    # every backend's servers, whatever the running file holds: a HAProxy still on Debian's own config
+    # (the front's first reload) has no `engines` backend, and its save is an empty list, not an error
     saved = api.save_state(target)
-    servers = [s.to_json() for s in api.status()]
-    data = {"file": str(target), "servers_saved": saved, "servers": servers}
+    data = {"file": str(target), "servers_saved": saved, "socket": str(api.socket_path)}
 
     def show() -> None:
-        print_servers(servers, f"HAProxy {api.socket_path}")
         output.out.print(output.line("front save-state: ", f"{saved} server(s) saved to ", str(target)))
 
     output.emit(data, as_json, show)
