@@ -165,15 +165,10 @@ def install(
         exists = _podman(podman, "inspect", name).returncode == 0
         podman_state = "unchanged"
         if changed or not exists:
-            if exists:
-                _podman(podman, "rm", name)
-            done = _podman(podman, "create", name, "-", stdin=data)
-            if done.returncode != 0:
-                raise SecretError(
-                    f"podman secret create {name} failed (exit {done.returncode}): "
-                    + done.stderr.decode(errors="replace").strip(),
-                    hint="check that podman works on this host (`podman info`); the engine cannot start without it",
-                )
+            _create_podman_secret(
+                podman, name, data, replace=exists,
+                hint="check that podman works on this host (`podman info`); the engine cannot start without it",
+            )  # fmt: skip
             podman_state = "created"
     return Installed(name, str(path), changed, podman_state)
 
@@ -188,15 +183,24 @@ def renew_podman_secret(path: Path, *, podman: str = "podman") -> str:
     if shutil.which(podman) is None or _podman(podman, "inspect", name).returncode != 0:
         return "not used"
     data = files.read_bytes(path, what="API key file", limit=LIMITS["key"]).strip()
-    _podman(podman, "rm", name)
+    _create_podman_secret(
+        podman, name, data, replace=True,
+        hint=f"recreate it by hand from {path}: `podman secret create {name} {path}`, then restart the engine",
+    )  # fmt: skip
+    return "created"
+
+
+def _create_podman_secret(podman: str, name: str, data: bytes, *, replace: bool, hint: str) -> None:
+    """podman secret `name` made from `data` (on standard input, never argv), the old one removed first."""
+    if replace:
+        _podman(podman, "rm", name)
     done = _podman(podman, "create", name, "-", stdin=data)
     if done.returncode != 0:
         raise SecretError(
-            f"podman secret create {name} failed (exit {done.returncode}) while putting the previous key back: "
+            f"podman secret create {name} failed (exit {done.returncode}): "
             + done.stderr.decode(errors="replace").strip(),
-            hint=f"recreate it by hand from {path}: `podman secret create {name} {path}`, then restart the engine",
+            hint=hint,
         )
-    return "created"
 
 
 def read(profile: Profile, host: layout.HostLayout) -> str | None:
