@@ -303,9 +303,17 @@ def test_unit_render_refuses_an_image_for_a_venv_profile(run: Run) -> None:
     )
 
 
-def test_unit_render_refuses_a_publish_host_that_is_not_an_address(run: Run) -> None:
-    run("unit", "render", "--profile", CONTAINER, "--image", f"x/y@{DIGEST}", "--publish-host", "my host").expect(
-        2, "--publish-host", "'my host'", "IP address", fix="specdeploy_publish_host"
+def test_the_listener_refuses_an_address_that_is_not_the_host_s_internal_one(run: Run) -> None:
+    """Issue 35: the listener takes the internal address; a name, a wildcard (it would also take the
+    engine's loopback port) and loopback (out of the front's reach) are refused, naming the value."""
+    run("front", "listener", CONTAINER, "--address", "my host").expect(
+        2, "--address", "'my host'", "IP address", fix="specdeploy_publish_host"
+    )
+    run("front", "listener", CONTAINER, "--address", "0.0.0.0").expect(
+        2, "--address", "'0.0.0.0'", "a wildcard", fix="specdeploy_publish_host"
+    )
+    run("front", "listener", CONTAINER, "--address", "127.0.0.1").expect(
+        2, "--address", "'127.0.0.1'", "a loopback address", fix="specdeploy_publish_host"
     )
 
 

@@ -13,6 +13,8 @@ for a slow CI machine; an unbounded parse fails).
 
 from __future__ import annotations
 
+import ipaddress
+
 import io
 import re
 from datetime import timedelta
@@ -174,20 +176,39 @@ image_refs = st.one_of(
     st.builds(lambda n, d: f"{n}@sha256:{d}", texts, st.one_of(hex64, st.text("0123456789abcdefX", max_size=70))),
     st.builds(lambda n, d: f"{n}@sha256:{d}", st.from_regex(r"[a-z0-9./:-]{1,40}", fullmatch=True), hex64),
 )
-publish_hosts = st.one_of(st.none(), texts, st.ip_addresses().map(str), st.sampled_from(["0.0.0.0", "::", "[::]"]))
+listener_addresses = st.one_of(texts, st.ip_addresses().map(str), st.sampled_from(["0.0.0.0", "::", "[::]"]))
 
 
 @SETTINGS
-@given(image_refs, publish_hosts)
-def test_any_image_reference_and_publish_host_render_a_pinned_unit_or_a_specdeploy_error(
-    image: str, publish_host: str | None
+@given(image_refs)
+def test_any_image_reference_renders_a_pinned_unit_published_on_loopback_only_or_a_specdeploy_error(
+    image: str,
 ) -> None:
     try:
-        text = units.render(CONTAINER, image=image, publish_host=publish_host).text
+        text = units.render(CONTAINER, image=image).text
     except SpecdeployError:
         return
     assert units.IMAGE_BY_DIGEST.fullmatch(image) and f"Image={image}\n" in text
     assert not CONTROL.search(text)
+    assert [line for line in text.splitlines() if line.startswith("PublishPort=")] == [
+        f"PublishPort=127.0.0.1:{CONTAINER.engine.serve.port}:{CONTAINER.engine.serve.port}"
+    ]
+
+
+@SETTINGS
+@given(listener_addresses)
+def test_any_listener_address_is_one_internal_ip_address_or_a_specdeploy_error(address: str) -> None:
+    from specdeploy.front import listener
+
+    try:
+        accepted = listener.require_address(address)
+    except SpecdeployError as exc:
+        assert repr(address) in exc.message
+        return
+    parsed = ipaddress.ip_address(accepted)
+    assert not parsed.is_loopback and not parsed.is_unspecified
+    text = listener.render(CONTAINER.front, address=accepted, port=8000)
+    assert not CONTROL.search(text) and "verify required" in text
 
 
 @SETTINGS

@@ -10,9 +10,10 @@ test hosts over real SSH, with real engines and a real balancer:
   controller's loopback, where the load client stands.
 
 One chain, each test starting from what the previous left:
-1. the front is deployed and OLD re-deployed through it (now publishing on its internal address),
-   behind it; NEW is in the front in maint; the front refuses /metrics, /tokenize and /invocations
-   (which OLD's engine serves) and passes the client's key through to the engine;
+1. the front is deployed and OLD re-deployed through it (its engine on loopback, its listener on its
+   internal address, mutual TLS), behind it; NEW is in the front in maint; the front refuses /metrics,
+   /tokenize and /invocations (which OLD's engine serves) and passes the client's key through to the
+   engine; from NEW, every route of OLD's engine is refused, and a capture of the network shows no key;
 2. `migrate plan` reads OLD's verified gate, golden, profile and identity, and runs deploy.yml's
    preflight stage on NEW for OLD's profile (first refused: a program holds the engine's port);
 3. `migrate prepare` is interrupted (a seeded file's path on NEW taken by a directory, as a full
@@ -42,6 +43,8 @@ speaks.
 from __future__ import annotations
 
 import json
+import shlex
+import socket
 import ssl
 import subprocess
 import time
@@ -146,14 +149,14 @@ def test_the_deployed_front_serves_only_v1_and_health_and_passes_the_client_s_ke
     site: Site,
 ) -> None:
     """The front deploy.yml installed, not a local HAProxy: /metrics, /tokenize and /invocations,
-    which OLD's engine itself answers on its internal address, are refused at the front (403, its
+    which OLD's engine itself answers on OLD's loopback, are refused at the front (403, its
     own body); /v1/models answers with the client's key and is refused by the
     engine (401) without one, so the key passes through the front unchanged, and /health answers."""
     profile = load_profile(PROFILE)
-    port = profile.engine.serve.port  # published on OLD_IP once the front is deployed
+    port = profile.engine.serve.port  # the engine on OLD's loopback; its listener on OLD_IP
     direct = site.old.ssh(
         "python3 -c 'import urllib.request as u; "
-        f'print(u.urlopen("http://{OLD_IP}:{port}/metrics", timeout=30).status)\''
+        f'print(u.urlopen("http://127.0.0.1:{port}/metrics", timeout=30).status)\''
     )
     assert direct.stdout.strip() == "200", direct.stderr  # the engine serves /metrics itself ...
     with httpx.Client(
@@ -170,6 +173,96 @@ def test_the_deployed_front_serves_only_v1_and_health_and_passes_the_client_s_ke
         wrong = client.get("/v1/models", headers={"Authorization": "Bearer not-the-key"})
         assert wrong.status_code == 401
         assert client.get("/health").status_code == 200
+
+
+# From another host of the internal network: each route of the engine's own table (read from the engine,
+# on its host's loopback), tried in plain HTTP and over TLS without a client certificate; prints one line
+# per route and try: "ROUTE KIND refused|answered ...".
+_TRY_ROUTES = r"""
+import http.client, json, socket, ssl, sys
+host, port, routes = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+def plain(path):
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(("GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer stolen\r\n\r\n" % path).encode())
+        s.settimeout(10)
+        try:
+            data = s.recv(4096)
+        except OSError as e:
+            return "refused " + type(e).__name__
+        return ("answered " + data[:40].decode(errors="replace")) if data.startswith(b"HTTP/") else "refused no HTTP"
+def tls(path):
+    c = ssl.create_default_context(); c.check_hostname = False; c.verify_mode = ssl.CERT_NONE
+    conn = http.client.HTTPSConnection(host, port, context=c, timeout=10)
+    try:
+        conn.request("GET", path); return "answered %d" % conn.getresponse().status
+    except (OSError, ssl.SSLError, http.client.HTTPException) as e:
+        return "refused " + type(e).__name__
+    finally:
+        conn.close()
+for route in routes:
+    path = route.replace("{", "").replace("}", "")
+    print(route, "plain", plain(path)); print(route, "tls", tls(path))
+"""
+
+
+def _bridge(network: str) -> str:
+    """The podman network's bridge on this machine, which carries the test hosts' traffic."""
+    shown = subprocess.run(
+        ["podman", "network", "inspect", network, "--format", "{{.NetworkInterface}}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return shown.stdout.strip()
+
+
+def test_from_another_host_every_engine_route_is_refused_and_the_key_crosses_the_network_only_encrypted(
+    site: Site,
+) -> None:
+    """Issue 35, items 2 and 3. OLD's engine listens on OLD's loopback; its listener takes OLD_IP for
+    the front alone (mutual TLS). From NEW, another host of the internal network (not the front), every
+    route of the engine's own table — read from the engine's OpenAPI document on OLD's loopback,
+    /invocations, /tokenize and /metrics among them — is refused, in plain HTTP and over TLS without the
+    front's certificate. Through the front with the key the API works, and a capture of the network's
+    bridge during that request holds no byte of the key between the front and OLD; the same capture
+    does see a marker sent in clear across the bridge (proof that it reads payloads)."""
+    from tests.support.capture import Capture, capturing
+
+    port = load_profile(PROFILE).engine.serve.port
+    table = site.old.ssh(
+        "python3 -c 'import json, urllib.request as u; "
+        f'print(json.dumps(sorted(json.load(u.urlopen("http://127.0.0.1:{port}/openapi.json", timeout=30))["paths"])))\''
+    )
+    routes = json.loads(table.stdout)
+    assert {"/invocations", "/tokenize", "/metrics", "/v1/chat/completions"} <= set(routes), routes
+    tried = site.new.ssh(f"python3 -c {shlex.quote(_TRY_ROUTES)} {OLD_IP} {port} {shlex.quote(json.dumps(routes))}")
+    lines = tried.stdout.splitlines()
+    assert len(lines) == 2 * len(routes), tried.stdout[-3000:] + tried.stderr[-2000:]
+    answered = [line for line in lines if " answered" in line]
+    assert answered == [], answered
+    # the engine port on OLD_IP is its listener's, and the listener runs as HAProxy's account
+    listening = site.old.ssh(f"ss -Hltnp 'sport = :{port}'").stdout
+    assert f"{OLD_IP}:{port}" in listening and "haproxy" in listening, listening
+    marker = f"clear-marker-{API_KEY}".encode()
+    with capturing(_bridge(hub.NETWORK)) as capture:
+        with httpx.Client(
+            base_url=f"https://127.0.0.1:{load_profile(PROFILE).front.listen_port}",
+            verify=ssl.create_default_context(cafile=site.pem),
+            timeout=120,
+        ) as client:
+            answer = client.post(
+                "/v1/chat/completions",
+                headers={"Authorization": f"Bearer {API_KEY}"},
+                json={"model": load_profile(PROFILE).engine.serve.served_model_name,
+                      "messages": [{"role": "user", "content": "capture"}], "max_tokens": 4},
+            )  # fmt: skip
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.sendto(marker, (OLD_IP, 9))  # the discard port: sent in clear across the bridge
+        time.sleep(0.5)
+    assert answer.status_code == 200, answer.text
+    hop = [s for s in capture.between(migration.FRONT_IP) if OLD_IP in (s.src, s.dst)]
+    assert hop, f"nothing captured between the front and OLD ({capture.frames} frames)"
+    assert Capture.holds(capture.between(OLD_IP), marker), "the capture did not see the marker sent in clear"
+    assert not Capture.holds(hop, API_KEY.encode())
+    assert not Capture.holds(hop, b"capture")
 
 
 def test_plan_reads_old_s_verified_gate_golden_and_identity_and_preflights_new(site: Site) -> None:

@@ -30,7 +30,8 @@ def test_playbook_syntax() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-STAGES = ["preflight", "gpu_runtime", "images", "weights", "drafter_config", "engine", "smoke_gate"]
+# "front": the engine host's listener, the front's way in (behind a front only)
+STAGES = ["preflight", "gpu_runtime", "images", "weights", "drafter_config", "engine", "front", "smoke_gate"]
 
 
 def _play_stages() -> list[tuple[str, list[str]]]:

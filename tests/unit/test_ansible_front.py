@@ -57,7 +57,12 @@ def _ansible(playbook: Path | str, *args: str) -> subprocess.CompletedProcess[st
 
 def _front_play(tmp_path: Path, inventory: str, **extra: Any) -> tuple[subprocess.CompletedProcess[str], Path]:
     facts = deploy_facts(load_profile("a6000-dflash"), layout.HostLayout(), layout.InstallLayout(root=tmp_path / "opt"))
-    facts["front"] |= {"cert": str(tmp_path / "etc" / "site.pem"), "socket": str(tmp_path / "run" / "admin.sock")}
+    facts["front"] |= {
+        "cert": str(tmp_path / "etc" / "site.pem"),
+        "socket": str(tmp_path / "run" / "admin.sock"),
+        "engine_ca": str(tmp_path / "etc" / "engine-ca.pem"),
+        "client_cert": str(tmp_path / "etc" / "front-client.pem"),
+    }
     (tmp_path / "hosts.yml").write_text(inventory.replace("PYTHON", sys.executable))
     playbook = tmp_path / "front.yml"
     playbook.write_text("- hosts: specdeploy_front\n  connection: local\n  gather_facts: false\n  roles: [front]\n")
@@ -68,6 +73,9 @@ def _front_play(tmp_path: Path, inventory: str, **extra: Any) -> tuple[subproces
         "specdeploy_profiles_src": str(ROOT / "profiles"),
         "front_profile": "a6000-dflash",
         "front_cert_src": str(make_certificate(tmp_path)),
+        # the self-signed PEM file stands in for the site CA and the front's client certificate
+        "front_client_cert_src": str(tmp_path / "site.pem"),
+        "front_engine_ca_src": str(tmp_path / "site.pem"),
         "front_install_haproxy": False,
         "front_service": NO_SUCH_SERVICE,
         "front_config_file": str(config),
@@ -517,6 +525,15 @@ def test_the_facts_name_the_front_and_every_unit_file_a_decommission_removes() -
         "systemd_dir": "/etc/systemd/system",
         "config": "/etc/haproxy/haproxy.cfg",
         "drain_timeout_s": profile.migration.drain_timeout_s,
+        "listener": {
+            "unit": "specdeploy-engine-listener",
+            "unit_file": "/etc/systemd/system/specdeploy-engine-listener.service",
+            "config": "/etc/specdeploy/engine-listener.cfg",
+            "cert": profile.front.listener_cert_path,
+            "ca": profile.front.listener_ca_path,
+        },
+        "engine_ca": profile.front.engine_ca_path,
+        "client_cert": profile.front.client_cert_path,
     }
     assert sorted(facts["unit"]["files"]) == sorted(str(p) for p in layout.UNIT_FILES.values())
     assert sorted(facts["watch"]["files"]) == sorted(str(p) for p in layout.WATCH_UNIT_FILES.values())

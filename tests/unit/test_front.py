@@ -134,13 +134,19 @@ def test_the_rendered_config_passes_the_real_haproxy_check_and_keeps_the_key_unl
         Backend(name="new", address="fd00::12", port=8000, state="maint"),
         Backend(name="spare", address="localhost", port=8000, state="drain"),
     ]
-    config = FrontConfig.of(load_profile("cpu-rehearsal").front, backends, cert_path=str(pem))
+    # the PEM file stands in for the engine CA and the front's client certificate too (tests/unit/test_front_listener.py
+    # runs the mutual TLS itself)
+    config = FrontConfig.of(
+        load_profile("cpu-rehearsal").front, backends, cert_path=str(pem), engine_ca_path=str(pem),
+        client_cert_path=str(pem),
+    )  # fmt: skip
     text = haproxy.render(config)
     assert "Configuration file is valid" in haproxy.check(text)
     assert "acl allowed_path path -m str /v1/chat/completions /v1/completions /v1/models /health" in text
     assert "unless allowed_path" in text and "option httplog" in text
     assert f"stats socket {config.runtime_socket} mode 600 level admin" in text
-    assert "server new [fd00::12]:8000 weight 100 disabled" in text and "server spare localhost:8000 weight 0" in text
+    assert "server new [fd00::12]:8000 weight 100 ssl verify required" in text and text.count("disabled") == 1
+    assert "server spare localhost:8000 weight 0\n" in text  # the front's own loopback: plain
     assert "timeout server 600s" in text and "timeout client 600s" in text
     lowered = "\n".join(line for line in text.lower().splitlines() if not line.lstrip().startswith("#"))
     assert "authorization" not in lowered and "capture" not in lowered and "del-header" not in lowered
@@ -168,13 +174,13 @@ def test_front_render_writes_a_checked_config_and_refuses_a_bad_backend(cli: Any
         "--backend",
         "new=10.0.0.12:8100@maint",
     ]
-    result = cli(*args, "--cert", pem, "-o", out, "--json")
+    result = cli(*args, "--cert", pem, "--engine-ca", pem, "--client-cert", pem, "-o", out, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["changed"] is True and data["validated"] is True and data["file"] == str(out)
     assert [b["state"] for b in data["backends"]] == ["ready", "maint"]
-    assert "server new 10.0.0.12:8100 weight 100 disabled" in out.read_text()
-    again = cli(*args, "--cert", pem, "-o", out, "--json")
+    assert "server new 10.0.0.12:8100 weight 100 ssl verify required" in out.read_text()
+    again = cli(*args, "--cert", pem, "--engine-ca", pem, "--client-cert", pem, "-o", out, "--json")
     assert json.loads(again.output)["changed"] is False
     bad = cli("front", "render", "cpu-rehearsal", "--backend", "old:10.0.0.11", "--cert", pem)
     assert bad.exit_code == 2 and "expected NAME=ADDRESS:PORT" in bad.output

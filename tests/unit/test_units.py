@@ -43,25 +43,24 @@ def test_exec_line_round_trips_every_argument() -> None:
     assert exec_argv(line) == argv
 
 
-def test_a_container_engine_is_published_on_loopback_unless_the_host_says_otherwise(cli: Any) -> None:
+def test_a_container_engine_is_published_on_the_host_s_loopback_only_whatever_the_host_says(cli: Any) -> None:
     """GPU-host blocker 5: the port was published on the profile's serve.host, 0.0.0.0, leaving
-    the routes vLLM's key does not guard (/metrics, /tokenize, /invocations) open to the network."""
+    the routes vLLM's key does not guard (/metrics, /tokenize, /invocations) open to the network.
+    Issue 35: an engine host behind a front published it on its internal address, open to every host
+    of that network; now the host's listener takes that address (front/listener.py), and the unit
+    has no way to publish anywhere but loopback."""
     profile = load_profile("a6000-dflash")
     image = f"{profile.engine.image.name}@sha256:{'0' * 64}"
     assert profile.engine.serve.host == "0.0.0.0"  # inside the container, all interfaces
     default = units.render(profile, image=image).text
-    assert "PublishPort=127.0.0.1:8000:8000" in default and "PublishPort=0.0.0.0" not in default
-    exposed = cli("unit", "render", "--profile", "a6000-dflash", "--image", image, "--publish-host", "10.1.2.3")
-    # exposed there too, and still on loopback, where the gate and the rollback's proof probe it
-    assert "PublishPort=10.1.2.3:8000:8000" in exposed.stdout and "PublishPort=127.0.0.1:8000:8000" in exposed.stdout
-    # a wildcard covers loopback: a second bind of 127.0.0.1 would collide with it
-    everywhere = cli("unit", "render", "--profile", "a6000-dflash", "--image", image, "--publish-host", "0.0.0.0")
-    assert [line for line in everywhere.stdout.splitlines() if line.startswith("PublishPort=")] == [
-        "PublishPort=0.0.0.0:8000:8000"
-    ]
+    published = [line for line in default.splitlines() if line.startswith("PublishPort=")]
+    assert published == ["PublishPort=127.0.0.1:8000:8000"]
+    refused = cli("unit", "render", "--profile", "a6000-dflash", "--image", image, "--publish-host", "10.1.2.3")
+    assert refused.exit_code == 2 and "--publish-host" in refused.output  # no such option any more
+    # the facts keep the address: the host's listener takes it
     facts = json.loads(cli("facts", "--profile", "a6000-dflash", "--publish-host", "10.1.2.3").stdout)
     assert facts["unit"]["publish_host"] == "10.1.2.3"
-    assert json.loads(cli("facts", "--profile", "a6000-dflash").stdout)["unit"]["publish_host"] == "127.0.0.1"
+    assert facts["front"]["listener"]["unit"] == "specdeploy-engine-listener"
 
 
 def test_the_api_key_reaches_each_engine_through_the_launcher_never_the_unit(tmp_path: Path) -> None:

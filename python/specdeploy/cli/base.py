@@ -108,8 +108,8 @@ def lock_at(path: Path | None) -> Lock:
 PublishHostOpt = Annotated[
     str | None,
     typer.Option(
-        help=f"host address a container engine's port is published on (default {layout.DEFAULT_PUBLISH_HOST}; "
-        "another address exposes routes the API key does not guard)"
+        help="the engine host's internal address, where its listener serves the front over mutual TLS (default "
+        f"none: {layout.DEFAULT_PUBLISH_HOST}, the engine on the host's loopback only; docs/front.md)"
     ),
 ]
 

@@ -35,7 +35,6 @@ def _render(
     host: base.layout.HostLayout,
     profile_file: str | None = None,
     python: str | None = None,
-    publish_host: str | None = None,
     placeholder_ok: bool = False,
 ) -> units.RenderedUnit:
     """The unit, or an exit-2 refusal naming the flag or the profile's field (units.render)."""
@@ -45,7 +44,6 @@ def _render(
         image=image,
         profile_file=profile_file,
         python=python,
-        publish_host=publish_host,
         placeholder_ok=placeholder_ok,
     )
 
@@ -58,11 +56,10 @@ def unit_render(
     serving_dir: base.ServingDirOpt = None,
     cache_dir: base.CacheDirOpt = None,
     python: PythonOpt = None,
-    publish_host: base.PublishHostOpt = None,
 ) -> None:
     """Print the unit: a quadlet .container (GPU profiles) or a venv service (rehearsal)."""
     host = base.host_layout(models_dir, serving_dir, cache_dir=cache_dir)
-    unit = _render(profile, image, host, python=python, publish_host=publish_host)
+    unit = _render(profile, image, host, python=python)
     sys.stdout.write(unit.text)
 
 
@@ -80,7 +77,6 @@ def unit_install(
     rollback_dir: base.RollbackDirOpt = None,
     run_id: base.RunIdOpt = "",
     python: PythonOpt = None,
-    publish_host: base.PublishHostOpt = None,
     check: base.CheckOpt = False,
 ) -> None:
     """Write the unit atomically; prints JSON {"changed": ..., "path": ...} for Ansible.
@@ -104,7 +100,7 @@ def unit_install(
         source = resolve_profile_path(profile)
         copy = units.profile_copy_path(source, host)
     # `--check` (ansible-playbook --check) may name the image `image ensure --check` would still provide
-    unit = _render(profile, image, host, str(copy) if copy else None, python, publish_host, placeholder_ok=check)
+    unit = _render(profile, image, host, str(copy) if copy else None, python, placeholder_ok=check)
     units.require_unit_dir(dest, unit.filename, check=check)
     guard = contextlib.nullcontext() if check else deploylock.held(host.state, f"unit install for run {run_id or '-'}")
     with guard:

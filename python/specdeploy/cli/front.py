@@ -1,4 +1,4 @@
-"""`specdeploy front render|status|drain|enable|disable|save-state`: the site's front door (issue 23) —
+"""`specdeploy front render|listener|status|drain|enable|disable|save-state`: the site's front door (issue 23) —
 HAProxy in front of the engine hosts: its haproxy.cfg rendered from the profile's `front:`
 section and the backends, and its servers driven through the runtime API (or a site's own
 balancer, through its hook). docs/front.md."""
@@ -93,6 +93,21 @@ def front_render(
             help="the site certificate: chain and private key in one PEM file (default: the profile's front.cert_path)",
         ),
     ] = None,
+    engine_ca: Annotated[
+        Path | None,
+        typer.Option(
+            "--engine-ca",
+            help="the site CA the engine hosts' listeners are verified against (default: the profile's "
+            "front.engine_ca_path)",
+        ),
+    ] = None,
+    client_cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--client-cert",
+            help="the front's client certificate and key, one PEM file (default: the profile's front.client_cert_path)",
+        ),
+    ] = None,
     out: Annotated[
         Path | None, typer.Option("--output", "-o", help="write haproxy.cfg here (atomically) instead of printing it")
     ] = None,
@@ -120,8 +135,9 @@ def front_render(
     if not backends:
         raise UsageError("no --backend: expected at least one engine host", hint="--backend NAME=ADDRESS:PORT")
     overrides: dict[str, Any] = {}
-    if cert is not None:
-        overrides["cert_path"] = str(cert.absolute())
+    for field, value in (("cert_path", cert), ("engine_ca_path", engine_ca), ("client_cert_path", client_cert)):
+        if value is not None:
+            overrides[field] = str(value.absolute())
     if socket_path is not None:
         overrides["runtime_socket"] = str(socket_path.absolute())
     if log is not None:
@@ -298,3 +314,39 @@ def front_save_state(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(front_app, name="front")
+
+
+@front_app.command("listener")
+def front_listener(
+    profile: Annotated[str, typer.Argument(help="profile name or path to a .yaml file (its front: and serve: sections)")],
+    address: Annotated[
+        str,
+        typer.Option(
+            "--address", help="the engine host's internal address, where the front reaches it (specdeploy_publish_host)"
+        ),
+    ] = "",
+    unit: Annotated[
+        bool, typer.Option("--unit", help="print the listener's systemd unit instead of its haproxy.cfg")
+    ] = False,
+    validate: Annotated[
+        bool,
+        typer.Option(
+            "--validate/--no-validate",
+            help="check the file with `haproxy -c` (the certificates must then exist here)",
+        ),
+    ] = False,
+) -> None:
+    """Print the engine host's listener: the haproxy.cfg that takes the internal address and the engine's
+    port over mutual TLS (the front's certificate alone) and passes to the engine on loopback, or with
+    --unit its systemd unit (docs/front.md, "The exposure model")."""
+    from specdeploy.front import haproxy, listener
+    from specdeploy.profile import load_profile
+
+    if unit:
+        sys.stdout.write(listener.render_unit())
+        return
+    loaded = load_profile(profile)
+    text = listener.render(loaded.front, address=listener.require_address(address), port=loaded.engine.serve.port, profile=loaded.name)
+    if validate:
+        haproxy.check(text)
+    sys.stdout.write(text)

@@ -94,6 +94,11 @@ DEFAULT_TEXTFILE = Path("/var/lib/prometheus/node-exporter") / "specdeploy.prom"
 
 # The site's front door (docs/front.md): Debian's haproxy reads its configuration here.
 HAPROXY_CONFIG = Path("/etc/haproxy/haproxy.cfg")
+# The engine host's listener (front/listener.py): the front's only way to its engine, over mutual TLS,
+# a HAProxy of its own (its own unit and file, beside a front's HAProxy if the host is both).
+LISTENER_UNIT_NAME = "specdeploy-engine-listener"
+LISTENER_CONFIG = Path("/etc/specdeploy/engine-listener.cfg")
+LISTENER_UNIT_FILE = SYSTEMD_UNIT_DIR / f"{LISTENER_UNIT_NAME}.service"
 
 DRAFTER_SERVING = "drafter"  # under <serving>
 TARGET_SERVING = "target"

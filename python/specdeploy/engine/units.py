@@ -28,10 +28,10 @@ from specdeploy.profile import Profile
 
 # What a unit may run: an image by its digest, which no push can move (a tag can: the unit would
 # then start an image nobody checked). `image ensure` prints exactly this form as its reference.
-IMAGE_BY_DIGEST = re.compile(r"[^\s@]+@sha256:[0-9a-f]{64}")
+IMAGE_BY_DIGEST = re.compile(r"[^\s@\x00-\x1f\x7f]+@sha256:[0-9a-f]{64}")  # no control character in a unit line
 # What `image ensure --check` prints for an image it would still build, pull or load: accepted by
 # `unit install --check` only, which writes nothing (ansible-playbook --check).
-IMAGE_PLACEHOLDER = re.compile(r"[^\s@]+@\(not yet (?:build|pull|archive)\)")
+IMAGE_PLACEHOLDER = re.compile(r"[^\s@\x00-\x1f\x7f]+@\(not yet (?:build|pull|archive)\)")
 # A line break (or any control character) in a value would end the unit's line and start a
 # directive of its own: ExecStartPre=, a second Environment=, a Volume= of the whole disk.
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -64,21 +64,6 @@ def require_image_ref(image: str | None, profile: Profile, *, placeholder_ok: bo
         "move to another image after the check, and the unit would run an image nobody checked; nothing was written",
         hint=hint,
     )
-
-
-def require_publish_host(publish_host: str | None) -> None:
-    """`--publish-host`: an IP address (podman publishes on addresses, not names), or a wildcard."""
-    if publish_host is None or publish_host in WILDCARDS:
-        return
-    try:
-        ipaddress.ip_address(publish_host.removeprefix("[").removesuffix("]"))
-    except ValueError:
-        raise UsageError(
-            f"--publish-host {publish_host!r}: expected an IP address of this host (e.g. 10.1.2.3, or "
-            f"0.0.0.0 for every address), found something else; nothing was written",
-            hint="set the inventory's specdeploy_publish_host to one of the host's addresses "
-            f"(default {layout.DEFAULT_PUBLISH_HOST}: loopback only)",
-        ) from None
 
 
 def _refuse_control(value: str, field: str, *, profile: Profile | None = None) -> None:
@@ -183,26 +168,12 @@ CONTAINER_CACHE_ENV = {
 }
 
 
-WILDCARDS = ("0.0.0.0", "::", "[::]")
-
-
-def _publish_addresses(publish_host: str | None) -> list[str]:
-    """Loopback always (the gate probes 127.0.0.1), plus the inventory's address when it is another."""
-    if publish_host in WILDCARDS:  # all addresses, loopback included: a second bind would collide
-        return [publish_host]
-    addresses = [layout.DEFAULT_PUBLISH_HOST]
-    if publish_host and publish_host != layout.DEFAULT_PUBLISH_HOST:
-        addresses.append(publish_host)
-    return addresses
-
-
 def render_quadlet(
     profile: Profile,
     *,
     image: str,
     host: layout.HostLayout,
     profile_file: str | None = None,
-    publish_host: str | None = None,
 ) -> RenderedUnit:
     """A quadlet `.container` for a GPU profile (the profile's podman_min: 5.0)."""
     serve = profile.engine.serve
@@ -239,10 +210,11 @@ def render_quadlet(
         f"Volume={host.models}:{host.models}:ro",
         f"Volume={host.serving}:{host.serving}:ro",
         f"Volume={host.cache}:/cache",
-        # inside the container the engine listens on serve.host; the host publishes it on loopback
-        # (where the gate and the rollback's proof reach it) and on publish_host only when the
-        # inventory exposes it there
-        *(f"PublishPort={address}:{port}:{port}" for address in _publish_addresses(publish_host)),
+        # inside the container the engine listens on serve.host; the host publishes it on its loopback
+        # only, where the gate, the light gate and the rollback's proof reach it. A front reaches it
+        # through the host's listener (front/listener.py: mutual TLS on the internal address), never
+        # here: vLLM's key guards /v1 alone, /metrics, /tokenize and /invocations answer anyone
+        f"PublishPort={layout.DEFAULT_PUBLISH_HOST}:{port}:{port}",
         "ShmSize=16g",
         *(f"Environment={k}={v}" for k, v in sorted((CONTAINER_CACHE_ENV | command.env | key_env).items())),
         # the key as a file only the engine's user can read; the launcher hands it over in-process
@@ -356,7 +328,6 @@ def render(
     image: str | None = None,
     python: str | None = None,
     profile_file: str | None = None,
-    publish_host: str | None = None,
     placeholder_ok: bool = False,
 ) -> RenderedUnit:
     """The profile's engine unit for a host laid out as `host` (default: the standard layout).
@@ -365,7 +336,6 @@ def render(
     (default: the specdeploy venv's, where the rehearsal installs the engine). Every refusal is
     exit 2 and names the flag or the profile's field."""
     host = host or layout.HostLayout()
-    require_publish_host(publish_host)
     require_renderable(
         profile,
         python=python,
@@ -383,7 +353,7 @@ def render(
                 hint="leave --python out for a container profile (it names a venv profile's engine venv)",
             )
         image = require_image_ref(image, profile, placeholder_ok=placeholder_ok)
-        return render_quadlet(profile, image=image, host=host, profile_file=profile_file, publish_host=publish_host)
+        return render_quadlet(profile, image=image, host=host, profile_file=profile_file)
     if image is not None:
         raise UsageError(
             f"--image {image}: profile {profile.name} runs its engine from a venv (engine.runtime venv), "

@@ -30,10 +30,21 @@ _HOSTNAME_RE = re.compile(
 State = Literal["ready", "drain", "maint"]
 
 
+def _is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
 class Backend(BaseModel):
     """One engine host behind the front: its server name (what the runtime API and a hook are
-    told), the internal address and port its engine publishes on, and its state — `ready`
-    (takes requests), `drain` (finishes what it has, takes nothing new) or `maint` (out)."""
+    told, and the name its listener's certificate must carry), the internal address and port its
+    listener serves the front on, its state — `ready` (takes requests), `drain` (finishes what it
+    has, takes nothing new) or `maint` (out) — and whether the hop is over mutual TLS (always,
+    unless the engine is on the front host's own loopback)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -41,6 +52,16 @@ class Backend(BaseModel):
     address: str
     port: int = Field(ge=1, le=65535)
     state: State = "ready"
+    # the hop over mutual TLS to the engine host's listener (docs/front.md): always across a network; plain
+    # HTTP only to an engine on the front host's own loopback (the default there)
+    tls: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tls_by_default_across_a_network(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "tls" not in data and isinstance(data.get("address"), str):
+            return data | {"tls": not _is_loopback(data["address"])}
+        return data
 
     @field_validator("name")
     @classmethod
@@ -61,6 +82,20 @@ class Backend(BaseModel):
             if not _HOSTNAME_RE.match(v):
                 raise ValueError(f"backend address: expected an IP address or a host name, found {v!r}") from None
         return v
+
+    @property
+    def loopback(self) -> bool:
+        """An address of the front host itself (127.0.0.0/8, ::1, localhost): the hop crosses no network."""
+        return _is_loopback(self.address)
+
+    @model_validator(mode="after")
+    def _tls_across_a_network(self) -> Backend:
+        if not self.tls and not self.loopback:
+            raise ValueError(
+                f"backend {self.name}: expected TLS to an engine host at {self.address} (not the front's loopback), "
+                "found plain HTTP: the API key, prompts and answers would cross the network in clear"
+            )
+        return self
 
     @property
     def ipv6(self) -> bool:
@@ -138,9 +173,10 @@ def parse_backend(text: str) -> Backend:
             hint="ready takes requests, drain finishes what it has, maint is out",
         )
     try:
+        address = match.group("v6") or match.group("host")
         return Backend(
             name=match.group("name"),
-            address=match.group("v6") or match.group("host"),
+            address=address,
             port=int(match.group("port")),
             state=state,  # type: ignore[arg-type]
         )

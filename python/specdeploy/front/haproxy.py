@@ -14,6 +14,10 @@ What the rendered file does (docs/front.md):
   forwards request headers as they are and nothing here deletes or rewrites one;
 - `option httplog` without any `capture request header`: the log line holds the method, path
   and status, never a header, so the key is never logged;
+- each engine host reached over mutual TLS (`ssl verify required ca-file ... verifyhost NAME crt ...`):
+  its listener's certificate verified against the site CA and the host's inventory name, the front's
+  client certificate presented (the only one the listener accepts, `front/listener.py`); plain HTTP
+  only to an engine on the front host's own loopback;
 - one backend of the engine hosts, health-checked with `GET <health_path>` (HTTP/1.1), spread by
   `balance` (leastconn by default: streams are long); a server in `maint` is rendered
   `disabled`, one in `drain` with weight 0 (HAProxy has no configuration keyword for drain;
@@ -57,18 +61,25 @@ class HaproxyConfigError(SpecdeployError):
     exit_code = 1
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     """HAProxy's time format: whole seconds as `600s`, anything else in milliseconds."""
     millis = round(seconds * 1000)
     return f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
 
 
-def _bind(address: str, port: int) -> str:
+def bind_address(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
-def _server(backend: Backend) -> str:
+def _server(backend: Backend, config: FrontConfig) -> str:
     line = f"    server {backend.name} {backend.endpoint} weight {0 if backend.state == 'drain' else WEIGHT}"
+    if backend.tls:
+        # mutual TLS to the engine host's listener: its certificate verified against the site CA and the
+        # host's name; ours presented (the only one it accepts); health checks take the same hop
+        line += (
+            f" ssl verify required ca-file {config.engine_ca_path} verifyhost {backend.name}"
+            f" crt {config.client_cert_path} check-ssl"
+        )
     return line + (" disabled" if backend.state == "maint" else "")
 
 
@@ -95,6 +106,7 @@ def render(config: FrontConfig) -> str:
         "    # save-state`) and read back at start: a reload never puts a drained host back in service",
         f"    server-state-file {config.server_state_file}",
         "    ssl-default-bind-options ssl-min-ver TLSv1.2",
+        "    ssl-default-server-options ssl-min-ver TLSv1.2",
         "",
         "defaults",
         "    mode http",
@@ -104,16 +116,16 @@ def render(config: FrontConfig) -> str:
         "    option httplog",
         "    option dontlognull",
         "    option forwardfor",
-        f"    timeout connect {_duration(config.timeout_connect_s)}",
+        f"    timeout connect {duration(config.timeout_connect_s)}",
         "    # a health check's answer may take as long as a connection (unset, it is the check's interval:",
         "    # a loaded engine slow by 2 s for three checks would be taken out)",
-        f"    timeout check {_duration(config.timeout_connect_s)}",
-        f"    timeout client {_duration(config.timeout_client_s)}",
-        f"    timeout server {_duration(config.timeout_server_s)}",
-        f"    timeout http-request {_duration(config.timeout_http_request_s)}",
+        f"    timeout check {duration(config.timeout_connect_s)}",
+        f"    timeout client {duration(config.timeout_client_s)}",
+        f"    timeout server {duration(config.timeout_server_s)}",
+        f"    timeout http-request {duration(config.timeout_http_request_s)}",
         "",
         f"frontend {FRONTEND}",
-        f"    bind {_bind(config.listen_address, config.listen_port)} ssl crt {config.cert_path} alpn http/1.1",
+        f"    bind {bind_address(config.listen_address, config.listen_port)} ssl crt {config.cert_path} alpn http/1.1",
         "    # the allow-list: the exact path as sent, nothing normalised first",
         f"    acl allowed_path path -m str {' '.join(config.allow_paths)}",
         f'    http-request return status {config.deny_status} content-type text/plain string "{DENY_BODY}" '
@@ -123,7 +135,7 @@ def render(config: FrontConfig) -> str:
         "# HAProxy's own Prometheus exporter: each engine host's state (up, drain, maint) and traffic, for",
         "# monitoring/alerts.yml (a server left drained or in maint). GET /metrics only, unlogged.",
         "frontend metrics",
-        f"    bind {_bind(config.metrics_address, config.metrics_port)}",
+        f"    bind {bind_address(config.metrics_address, config.metrics_port)}",
         "    no log",
         "    http-request use-service prometheus-exporter if { path /metrics }",
         "    http-request return status 404",
@@ -133,8 +145,8 @@ def render(config: FrontConfig) -> str:
         "    option httpchk",
         f"    http-check send meth GET uri {config.health_path} ver HTTP/1.1 hdr Host specdeploy-front",
         "    http-check expect status 200",
-        f"    default-server check inter {_duration(config.check_interval_s)} fall 3 rise 2",
-        *(_server(backend) for backend in config.backends),
+        f"    default-server check inter {duration(config.check_interval_s)} fall 3 rise 2",
+        *(_server(backend, config) for backend in config.backends),
         "",
     ]
     return "\n".join(lines)

@@ -417,7 +417,10 @@ def _owners(inodes: set[str] | dict[str, int]) -> list[tuple[int, str, str]]:
 def port_check(profile: Profile, options: Options) -> Check:
     serve = profile.engine.serve
     port = serve.port
-    expected = f"port {port} free, or held by {options.unit} (which the deploy replaces)"
+    expected = (
+        f"port {port} free, or held by {options.unit} (which the deploy replaces) and its listener "
+        f"({layout.LISTENER_UNIT_NAME}, behind a front)"
+    )
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "in use"
         try:
@@ -427,8 +430,10 @@ def port_check(profile: Profile, options: Options) -> Check:
             pass
     listeners = _listeners(port)
     owners = _owners(listeners)
-    if owners and all(f"{options.unit}.service" in cgroup for _, _, cgroup in owners):
-        return Check("port", Level.ok, f"{port} held by the running {options.unit}", expected)
+    # the engine (on loopback) and, behind a front, the host's listener (the internal address: front/listener.py)
+    ours = (f"{options.unit}.service", f"{layout.LISTENER_UNIT_NAME}.service")
+    if owners and all(any(unit in cgroup for unit in ours) for _, _, cgroup in owners):
+        return Check("port", Level.ok, f"{port} held by the running {options.unit} or its listener", expected)
     if not owners and listeners:
         # Processes of another user hide their sockets without CAP_SYS_PTRACE (containers):
         # fall back to the socket's owner, which must be the user the active engine runs as.

@@ -113,6 +113,16 @@ def deploy_facts(
             # where HAProxy's service gets its drop-in (the states saved before a reload or stop)
             "systemd_dir": str(layout.SYSTEMD_UNIT_DIR),
             "config": str(layout.HAPROXY_CONFIG),
+            # the engine host's listener (front/listener.py): the front's only way to its engine
+            "listener": {
+                "unit": layout.LISTENER_UNIT_NAME,
+                "unit_file": str(layout.LISTENER_UNIT_FILE),
+                "config": str(layout.LISTENER_CONFIG),
+                "cert": profile.front.listener_cert_path,
+                "ca": profile.front.listener_ca_path,
+            },
+            "engine_ca": profile.front.engine_ca_path,
+            "client_cert": profile.front.client_cert_path,
             "drain_timeout_s": profile.migration.drain_timeout_s,
         },
         "fetch": {"user": layout.FETCH_USER, "uid": layout.FETCH_UID},

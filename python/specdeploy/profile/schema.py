@@ -741,6 +741,7 @@ FRONT_EXTRA_PATHS = ("/health", "/version")  # the only allowed paths outside /v
 _FRONT_PATH_RE = re.compile(r"^/[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$")
 _LOG_TARGET_RE = re.compile(r"^(stderr|stdout|/[^\s#\\\"']+|(ipv4|ipv6|udp|udp4|udp6)@[^\s#\\\"']+)$")
 _SAFE_PATH_RE = re.compile(r"^[^\s#\\\"']+$")
+_CLIENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 UNIX_PATH_MAX = 107  # sun_path holds 108 bytes, the terminating NUL included
 
@@ -832,6 +833,34 @@ class FrontSpec(_Strict):
         description="where the servers' states (drain, maint, weight) are saved before a reload or stop and read "
         "back at start, so a reload never puts a drained host back in service",
     )
+    # The hop from the front to each engine host (docs/front.md, "The exposure model"): mutual TLS. On each
+    # engine host a listener (HAProxy, `specdeploy front listener`) takes the internal address and passes
+    # to the engine, which listens on the host's loopback only; it accepts only a client certificate
+    # signed by the site CA and named `client_name`. The front verifies the listener's certificate
+    # against the same CA and the engine host's inventory name.
+    engine_ca_path: str = Field(
+        "/etc/haproxy/specdeploy-engine-ca.pem",
+        description="on the front host: the site CA the engine hosts' listener certificates are verified against",
+    )
+    client_cert_path: str = Field(
+        "/etc/haproxy/specdeploy-front-client.pem",
+        description="on the front host: the front's client certificate and key (one PEM file, root-only), signed "
+        "by the site CA, named client_name; the only certificate an engine host's listener accepts",
+    )
+    client_name: str = Field(
+        "specdeploy-front",
+        description="the common name (CN) of the front's client certificate: an engine host's listener refuses "
+        "any other, even one signed by the same CA (default specdeploy-front)",
+    )
+    listener_cert_path: str = Field(
+        "/etc/specdeploy/engine-listener.pem",
+        description="on each engine host: its listener's certificate and key (one PEM file, root-only), signed by "
+        "the site CA, naming the host by its inventory name (a DNS subjectAltName)",
+    )
+    listener_ca_path: str = Field(
+        "/etc/specdeploy/engine-listener-ca.pem",
+        description="on each engine host: the site CA the front's client certificate is verified against",
+    )
 
     @field_validator("listen_address", "metrics_address")
     @classmethod
@@ -857,12 +886,23 @@ class FrontSpec(_Strict):
             )
         return v
 
-    @field_validator("cert_path")
+    @field_validator("cert_path", "engine_ca_path", "client_cert_path", "listener_cert_path", "listener_ca_path")
     @classmethod
-    def _cert_path(cls, v: str) -> str:
+    def _cert_path(cls, v: str, info: Any) -> str:
         if not v.startswith("/") or not _SAFE_PATH_RE.match(v):
             raise ValueError(
-                f"front.cert_path: expected an absolute path to a PEM file (no spaces, quotes or #), found {v!r}"
+                f"front.{info.field_name}: expected an absolute path to a PEM file (no spaces, quotes or #), "
+                f"found {v!r}"
+            )
+        return v
+
+    @field_validator("client_name")
+    @classmethod
+    def _client_name(cls, v: str) -> str:
+        if not _CLIENT_NAME_RE.match(v):
+            raise ValueError(
+                "front.client_name: expected a certificate common name of letters, digits, '.', '-' or '_' (at "
+                f"most 64), found {v!r}"
             )
         return v
 

@@ -69,6 +69,8 @@ def _import_debootstrapped(archive: Path, image: str, suite: str, packages: tupl
 HOST_PACKAGES = (
     "systemd", "systemd-sysv", "openssh-server", "python3", "python3-venv", "sudo", "podman",
     "ca-certificates", "iproute2", "dbus", "nftables", "python3-apt", "catatonit",
+    # the engine host's listener behind a front (front/listener.py), put in the image as the front's is
+    "haproxy",
 )  # fmt: skip
 
 

@@ -9,6 +9,10 @@ Three hosts on the hub's test network, besides the hub and the site registry:
 | NEW | a second trixie host of the same image, running podman itself; empty at first | NEW_IP |
 | FRONT | a bookworm host with Debian's HAProxy: the site's front door (deploy.yml's front play) | FRONT_IP |
 
+Each engine host's engine listens on its loopback only; its listener (HAProxy, mutual TLS) takes its
+internal address for the front alone, with a certificate the rehearsal's site CA issues (as it issues
+the front's client certificate): `hop_certificates`.
+
 The front's port (the profile's `front.listen_port`) is published on the controller's loopback,
 where a load client stands; its certificate is a site certificate made here (self-signed, for
 127.0.0.1 and the front's address), which the client trusts. The inventory (`site.ini`) sits in the
@@ -83,6 +87,33 @@ def front_certificate(directory: Path, addresses: tuple[str, ...]) -> Path:
     return pem
 
 
+@dataclass(frozen=True)
+class HopCertificates:
+    """The front-to-engine hop's certificates (docs/front.md, "The exposure model"), all from the
+    rehearsal's site CA (the one the registry and the hub use): the CA, the front's client
+    certificate and each engine host's listener certificate (naming the host by its inventory name),
+    each PEM bundle (certificate and key) mode 0600."""
+
+    ca: Path
+    client: Path
+    listeners: dict[str, Path]
+
+
+def hop_certificates(directory: Path, engines: dict[str, str], *, client_name: str) -> HopCertificates:
+    """Issue (or reuse) the hop's certificates for `engines` (inventory name -> internal address)."""
+    from specdeploy.rehearsal import site_ca
+
+    tls = directory / "hop-tls"
+    client = site_ca.issue(tls / "front-client", ips=[], dns=[client_name], client=True)
+    listeners = {
+        name: site_ca.pem_bundle(
+            site_ca.issue(tls / f"listener-{name}", ips=[ip], dns=[name]), tls / f"listener-{name}.pem"
+        )
+        for name, ip in engines.items()
+    }
+    return HopCertificates(client.ca, site_ca.pem_bundle(client, tls / "front-client.pem"), listeners)
+
+
 def write_inventory(
     directory: Path,
     *,
@@ -95,11 +126,24 @@ def write_inventory(
     old_vars: tuple[str, ...] = (),
     new_ip: str = NEW_IP,
 ) -> Path:
-    """The site's inventory of the three hosts: both engine hosts publishing on their internal
-    address (the front reaches them there), NEW rendered in maint, the front's settings."""
+    """The site's inventory of the three hosts: both engine hosts serving the front on their internal
+    address (their listener, with its certificate from the site CA), NEW rendered in maint, the
+    front's settings (its site certificate, its client certificate for the listeners)."""
+    from specdeploy.profile import load_profile
+
+    client_name = load_profile(profile).front.client_name
+    tls = hop_certificates(directory, {old.name: old_ip, new.name: new_ip}, client_name=client_name)
 
     def line(host: hosts.Host, ip: str | None, *variables: str) -> str:
-        address = (f"specdeploy_publish_host={ip}", f"specdeploy_internal_address={ip}") if ip else ()
+        address = (
+            (
+                f"specdeploy_publish_host={ip}", f"specdeploy_internal_address={ip}",
+                f"front_listener_cert_src={tls.listeners[host.name]}", f"front_listener_ca_src={tls.ca}",
+                "front_listener_install_haproxy=false",
+            )
+            if ip
+            else ()
+        )  # fmt: skip
         return " ".join([host.inventory_line(), *address, *variables])
 
     inventory = directory / INVENTORY
@@ -110,6 +154,7 @@ def write_inventory(
         "[specdeploy_engines:children]\nrehearsal\n"
         f"[specdeploy_front]\n{line(front, None)}\n"
         f"[specdeploy_front:vars]\nfront_profile={profile}\nfront_cert_src={cert}\nfront_install_haproxy=false\n"
+        f"front_client_cert_src={tls.client}\nfront_engine_ca_src={tls.ca}\n"
     )
     return inventory
 

@@ -103,9 +103,19 @@ def _has_key_identifier(crt: Path) -> bool:
     return True
 
 
-def issue(directory: Path, *, ips: list[str], dns: list[str] | None = None, ca_dir: Path | None = None) -> Issued:
+def issue(
+    directory: Path,
+    *,
+    ips: list[str],
+    dns: list[str] | None = None,
+    ca_dir: Path | None = None,
+    client: bool = False,
+    common_name: str | None = None,
+) -> Issued:
     """A server certificate for `ips` and `dns` names signed by the site CA, in `directory`
-    (`ca.crt`, `server.crt`, `server.key`); kept while the CA and the names are the same."""
+    (`ca.crt`, `server.crt`, `server.key`); kept while the CA and the names are the same. `client`:
+    a client certificate instead (TLS client authentication: the front's, to the engine hosts'
+    listeners); `common_name`: its subject's CN (default the first name)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -114,8 +124,9 @@ def issue(directory: Path, *, ips: list[str], dns: list[str] | None = None, ca_d
     ca_crt, ca_key_path = authority(ca_dir)
     issued = Issued(directory / "ca.crt", directory / "server.crt", directory / "server.key")
     names = sorted(ips) + sorted(dns or [])
+    subject = common_name or names[0]
     stamp = directory / "issued.json"
-    wanted = json.dumps({"names": names, "ca": ca_crt.read_text()}, sort_keys=True)
+    wanted = json.dumps({"names": names, "ca": ca_crt.read_text(), "client": client, "cn": subject}, sort_keys=True)
     if stamp.is_file() and stamp.read_text() == wanted and issued.cert.is_file() and issued.key.is_file():
         return issued
     atomic.ensure_dir(directory)
@@ -127,7 +138,7 @@ def issue(directory: Path, *, ips: list[str], dns: list[str] | None = None, ca_d
     alt += [x509.DNSName(name) for name in dns or []]
     cert = (
         x509.CertificateBuilder()
-        .subject_name(_name(names[0]))
+        .subject_name(_name(subject))
         .issuer_name(ca.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -135,7 +146,10 @@ def issue(directory: Path, *, ips: list[str], dns: list[str] | None = None, ca_d
         .not_valid_after(end)
         .add_extension(x509.SubjectAlternativeName(alt), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]),
+            critical=False,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(  # Python 3.13 verifies strictly (VERIFY_X509_STRICT): it needs the issuer's key id
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()),  # type: ignore[arg-type]
@@ -151,6 +165,12 @@ def issue(directory: Path, *, ips: list[str], dns: list[str] | None = None, ca_d
     atomic.write_bytes(issued.ca, ca_crt.read_bytes(), mode=0o644)
     atomic.write_bytes(stamp, wanted.encode(), mode=0o644)
     return issued
+
+
+def pem_bundle(issued: Issued, path: Path) -> Path:
+    """The certificate and its key in one PEM file (0600), as HAProxy's `crt` reads it."""
+    atomic.write_bytes(path, issued.cert.read_bytes() + issued.key.read_bytes(), mode=0o600)
+    return path
 
 
 def trust(ca: Path) -> ssl.SSLContext:

@@ -1,0 +1,136 @@
+"""The engine host's listener: the only way to its engine from the network, for the front alone,
+over mutual TLS (issue 35; docs/front.md, "The exposure model").
+
+Failure prevented: an engine port published on the internal address answered every host of the
+internal network — `/invocations` (full inference), `/tokenize` and `/metrics` without the API key —
+and the front sent the one shared Bearer key, prompts and answers to it in clear.
+
+How: behind a front, the engine publishes on the host's loopback only (engine/units.py), where the
+gate, the light gate and the bench reach it on the host. A HAProxy of its own (`specdeploy-engine-
+listener.service`, not the front's) takes the internal address and the engine's port, in TCP mode:
+
+- TLS with the host's certificate (signed by the site CA, naming the host by its inventory name,
+  which the front verifies: `verifyhost`);
+- `verify required` against the site CA: a client without a certificate, or with one from another CA,
+  is refused in the handshake, before a byte of HTTP: every route of the engine, whatever its route
+  table holds, is out of reach;
+- and only the front's own certificate (its common name, `front.client_name`): another host's
+  certificate signed by the same CA (a registry's, a hub's) is refused too;
+- bytes passed, unparsed, to the engine on 127.0.0.1 at the same port; run as HAProxy's unprivileged
+  account, chrooted, with a connection limit; its log names addresses and timings, never a byte of a
+  request.
+
+The file holds paths and addresses only, never a secret; every value is validated by the profile's
+schema or here first. The unit is Debian's haproxy.service reduced to what this needs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from specdeploy.core import layout
+from specdeploy.core.errors import UsageError
+from specdeploy.front.haproxy import bind_address, duration
+from specdeploy.profile.schema import FrontSpec
+
+FRONTEND = "engine_tls"
+BACKEND = "engine"
+HAPROXY_BIN = "/usr/sbin/haproxy"
+
+
+def require_address(address: str) -> str:
+    """The address the listener takes: one IP address of the engine host, neither a wildcard (it would
+    take the loopback port the engine itself listens on) nor loopback (the front could not reach it)."""
+    try:
+        parsed = ipaddress.ip_address(address.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        raise UsageError(
+            f"--address {address!r}: expected an IP address of the engine host (its internal address), found "
+            "something else; nothing was written",
+            hint="set the inventory's specdeploy_publish_host to the host's internal address",
+        ) from None
+    if parsed.is_unspecified or parsed.is_loopback:
+        raise UsageError(
+            f"--address {address!r}: expected the engine host's internal address, found "
+            f"{'a wildcard' if parsed.is_unspecified else 'a loopback address'}: "
+            + (
+                "it would also take the loopback port the engine listens on"
+                if parsed.is_unspecified
+                else "the front could not reach it"
+            )
+            + "; nothing was written",
+            hint="set the inventory's specdeploy_publish_host to the host's internal address (the one the front "
+            "reaches it on: specdeploy_internal_address)",
+        )
+    return str(parsed)
+
+
+def render(front: FrontSpec, *, address: str, port: int, profile: str | None = None) -> str:
+    """The listener's haproxy.cfg: `address:port` over mutual TLS to the engine on 127.0.0.1:`port`
+    (`address` as `require_address` accepts it; a test may take another loopback address)."""
+    source = f" from profile {profile}" if profile else ""
+    lines = [
+        f"# The engine host's listener, rendered by `specdeploy front listener`{source}: do not edit by hand",
+        "# (docs/front.md). The front's only way to the engine: mutual TLS, the front's certificate alone.",
+        "global",
+        "    log stdout format raw local0",
+        f"    user {front.user}",
+        f"    group {front.group}",
+        f"    chroot {front.chroot}",
+        f"    maxconn {front.maxconn}",
+        "    ssl-default-bind-options ssl-min-ver TLSv1.2",
+        "",
+        "defaults",
+        "    mode tcp",
+        "    log global",
+        "    # client and server addresses, bytes and timings; nothing of a request is read or logged",
+        "    option tcplog",
+        "    option dontlognull",
+        f"    timeout connect {duration(front.timeout_connect_s)}",
+        f"    timeout client {duration(front.timeout_client_s)}",
+        f"    timeout server {duration(front.timeout_server_s)}",
+        "",
+        f"frontend {FRONTEND}",
+        "    # no certificate, one from another CA: refused in the handshake, before any byte reaches the engine",
+        f"    bind {bind_address(address, port)} ssl crt {front.listener_cert_path} ca-file {front.listener_ca_path} "
+        "verify required alpn http/1.1",
+        "    # a certificate of the site CA that is not the front's (a registry's, a hub's): refused as well",
+        f"    tcp-request session reject unless {{ ssl_c_s_dn(CN) -m str {front.client_name} }}",
+        f"    default_backend {BACKEND}",
+        "",
+        f"backend {BACKEND}",
+        "    # the engine, on this host's loopback only",
+        f"    server {BACKEND} 127.0.0.1:{port}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_unit(config_path: str = str(layout.LISTENER_CONFIG), haproxy: str = HAPROXY_BIN) -> str:
+    """The listener's systemd unit (Debian's haproxy.service, reduced): master-worker, notify, reload
+    checks the file first and keeps the connections in flight."""
+    return "\n".join(
+        [
+            "# Installed by specdeploy (ansible/roles/front/tasks/listener.yml): the engine host's listener,",
+            "# the front's only way to the engine (docs/front.md). Rendered by `specdeploy front listener --unit`.",
+            "[Unit]",
+            "Description=specdeploy engine listener (mutual TLS from the front to the engine on loopback)",
+            "After=network-online.target",
+            "Wants=network-online.target",
+            "",
+            "[Service]",
+            "Type=notify",
+            f"Environment=CONFIG={config_path} PIDFILE=/run/{layout.LISTENER_UNIT_NAME}.pid",
+            f"ExecStartPre={haproxy} -Ws -f $CONFIG -c -q",
+            f"ExecStart={haproxy} -Ws -f $CONFIG -p $PIDFILE",
+            f"ExecReload={haproxy} -Ws -f $CONFIG -c -q",
+            "ExecReload=/bin/kill -USR2 $MAINPID",
+            "KillMode=mixed",
+            "Restart=always",
+            "RestartSec=2",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            "",
+        ]
+    )
