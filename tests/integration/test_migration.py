@@ -469,6 +469,9 @@ def test_finish_stops_old_after_the_soak_and_keeps_its_weights_and_state(site: S
     code, out = site.finish_after_soak(load_profile(PROFILE).migration.soak_s)
     assert code == 0, out
     assert site.old.ssh(f"systemctl is-active {layout.UNIT_NAME}", check=False).stdout.strip() != "active"
+    # its listener too: nothing of OLD answers on its internal address any more
+    assert site.old.ssh(f"systemctl is-active {layout.LISTENER_UNIT_NAME}", check=False).stdout.strip() != "active"
+    assert site.old.ssh(f"test -e {layout.LISTENER_CONFIG}", check=False).returncode != 0
     assert (
         site.old.ssh(
             f"test -d {layout.HostLayout().models} && test -e {layout.HostLayout().verified}", check=False
