@@ -13,9 +13,8 @@ for a slow CI machine; an unbounded parse fails).
 
 from __future__ import annotations
 
-import ipaddress
-
 import io
+import ipaddress
 import re
 from datetime import timedelta
 from pathlib import Path

@@ -27,7 +27,8 @@ One chain, each test starting from what the previous left:
    flight at every instant — measured from the requests' own start and end times —, eight at a
    time, each decoding longer than the step takes to reach its drain): failed = 0, OLD had requests
    in flight when drained;
-7. `migrate rollback` under load: failed = 0; then `migrate cutover` again;
+7. `migrate rollback` under load: failed = 0; then `migrate cutover` again (OLD kept as a backup server);
+   NEW's engine killed under load: every request started after the kill is served, by OLD's backup;
 8. a rolling deploy of both hosts (`serial: 1`, a change that restarts each engine) through the
    front under the same load: failed = 0;
 9. `migrate finish --stop-old` after the soak: OLD's engine stopped by decommission.yml, its
@@ -227,9 +228,10 @@ def test_from_another_host_every_engine_route_is_refused_and_the_key_crosses_the
     from tests.support.capture import Capture, capturing
 
     port = load_profile(PROFILE).engine.serve.port
+    openapi = f"http://127.0.0.1:{port}/openapi.json"
     table = site.old.ssh(
         "python3 -c 'import json, urllib.request as u; "
-        f'print(json.dumps(sorted(json.load(u.urlopen("http://127.0.0.1:{port}/openapi.json", timeout=30))["paths"])))\''
+        f'print(json.dumps(sorted(json.load(u.urlopen("{openapi}", timeout=30))["paths"])))\''
     )
     routes = json.loads(table.stdout)
     assert {"/invocations", "/tokenize", "/metrics", "/v1/chat/completions"} <= set(routes), routes
@@ -402,6 +404,41 @@ def test_cutover_and_rollback_under_load_fail_no_request(site: Site) -> None:
         servers = site.front_status()
         assert servers[serving]["state"] == "ready", servers
     assert site.record()["traffic_on"] == "new"
+
+
+def test_new_s_engine_killed_after_cutover_every_later_request_is_served_by_old_kept_as_backup(site: Site) -> None:
+    """Issue 35, item 4: after the cutover OLD stays in the front as a backup server (its twin
+    `OLD--backup`, put in by the cutover) until `migrate finish`. NEW's engine killed (SIGKILL to its
+    container) under a bounded streaming load through the front: NEW's listener refuses the front at
+    once, the front takes NEW out and sends each request again to OLD's backup, so every request
+    started after the kill is answered; the streams NEW was serving at the kill are cut, counted and
+    reported. systemd restarts NEW's engine and the front's checks put it back (the chain goes on)."""
+    servers = site.front_status()
+    assert servers[f"{site.old.name}--backup"]["state"] == "ready", servers
+    assert servers[NEW_NAME]["state"] == "ready" and servers[site.old.name]["state"] == "maint", servers
+    with site.load(total=4 * migration.LOAD_IN_FLIGHT) as running:  # four waves: most start after the kill
+        assert running.wait_streaming(migration.LOAD_IN_FLIGHT // 2, 120)
+        killed_at = time.monotonic()
+        site.new.ssh(f"podman kill --signal KILL {layout.UNIT_NAME}")
+        result = running.finish(900)
+    in_flight = [r for r in result.requests if r.started < killed_at and (r.ended is None or r.ended > killed_at)]
+    later = [r for r in result.requests if r.started >= killed_at]
+    report = {
+        "sent": result.sent,
+        "in_flight_at_kill": len(in_flight),
+        "in_flight_at_kill_failed": sum(1 for r in in_flight if not r.ok),
+        "started_after_kill": len(later),
+        "started_after_kill_failed": sum(1 for r in later if not r.ok),
+    }
+    print(f"NEW killed after cutover: {json.dumps(report)}")  # the chain's record of what the kill cost
+    assert len(later) >= 4 and all(r.ok for r in later), (report, result.to_json())
+    servers = site.front_status()
+    assert servers[f"{site.old.name}--backup"]["served_total"] >= 1, servers  # OLD answered them
+    # systemd restarts NEW's engine (Restart=always); the front's checks put NEW back in
+    deadline = time.monotonic() + 600
+    while not site.front_status()[NEW_NAME]["status"].startswith("UP"):
+        assert time.monotonic() < deadline, site.front_status()
+        time.sleep(5)
 
 
 # what a rolling deploy does on each host, in order (task-name prefixes of deploy.yml's roles)

@@ -71,6 +71,13 @@ class EchoEngine:
     token_s: float | None = None  # when set, a stream lasts max_tokens × token_s (as an engine's decode)
     open_streams: int = 0  # served on /metrics as vLLM's gauge of running requests
     gauges_served: list[int] = field(default_factory=list)  # open_streams at each /metrics answer
+    server: Any = None  # its HTTP server (engines() sets it)
+
+    def kill(self) -> None:
+        """The engine gone: its port closed (connections refused from now on)."""
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
 
     def requests(self) -> list[tuple[str, str, str | None]]:
         """What reached this engine, the front's health checks aside."""
@@ -161,6 +168,7 @@ def engines(*names: str) -> Iterator[dict[str, EchoEngine]]:
             engine = EchoEngine(name)
             server = _Server(("127.0.0.1", 0), _handler(engine))
             engine.port = server.server_address[1]
+            engine.server = server
             threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
             servers.append(server)
             started[name] = engine
@@ -169,7 +177,7 @@ def engines(*names: str) -> Iterator[dict[str, EchoEngine]]:
         for engine in started.values():
             engine.release.set()
         for server in servers:
-            server.shutdown()
+            server.shutdown()  # a second time for a killed one: returns at once
             server.server_close()
 
 

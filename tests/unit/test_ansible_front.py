@@ -119,7 +119,12 @@ def test_the_front_role_installs_a_haproxy_cfg_that_the_real_haproxy_accepts_wit
     assert servers == [
         ["gpu-a6000-01.example.internal", "10.0.0.11:8000"],  # the profile's port
         ["gpu-a6000-02.example.internal", "10.0.0.12:8001"],  # its ansible_host, its own port
+        # each host's backup twin (in maint until a migration's cutover)
+        ["gpu-a6000-01.example.internal--backup", "10.0.0.11:8000"],
+        ["gpu-a6000-02.example.internal--backup", "10.0.0.12:8001"],
     ]
+    # over mutual TLS to each host's listener, verified against its inventory name
+    assert "verifyhost gpu-a6000-02.example.internal crt" in text
     allow = next(line for line in text.splitlines() if "acl allowed_path" in line)
     assert allow.split()[5:] == load_profile("a6000-dflash").front.allow_paths
     assert f"ssl crt {tmp_path / 'etc' / 'site.pem'}" in text
@@ -231,8 +236,8 @@ def test_the_drain_and_the_put_back_drive_the_real_haproxy_from_the_front_host(t
         with running(config, tmp_path, ready=("engine-a", "engine-b")):
             api = RuntimeApi(config.runtime_socket)
 
-            def states() -> dict[str, str]:
-                return {s.name: s.state for s in api.status()}
+            def states() -> dict[str, str]:  # the hosts (their backup twins stay in maint here)
+                return {s.name: s.state for s in api.status() if not s.name.endswith("--backup")}
 
             checked = _around(tmp_path, config.runtime_socket, "drain.yml", "--check")
             assert "skipping: [engine-a]" in checked and states() == {"engine-a": "ready", "engine-b": "ready"}

@@ -26,7 +26,7 @@ from tests.support import front as support
 from specdeploy.core.errors import ProfileError, UsageError
 from specdeploy.front import haproxy
 from specdeploy.front.balancer import Balancer, HAProxyBalancer, HookBalancer, HookError, cutover
-from specdeploy.front.config import Backend, FrontConfig, parse_backend
+from specdeploy.front.config import BACKUP_SUFFIX, Backend, FrontConfig, parse_backend
 from specdeploy.front.runtime import RuntimeApi, SocketError, UnknownServerError
 from specdeploy.profile import load_profile
 from specdeploy.profile.load import parse_profile, read_profile_data, resolve_profile_path
@@ -145,7 +145,8 @@ def test_the_rendered_config_passes_the_real_haproxy_check_and_keeps_the_key_unl
     assert "acl allowed_path path -m str /v1/chat/completions /v1/completions /v1/models /health" in text
     assert "unless allowed_path" in text and "option httplog" in text
     assert f"stats socket {config.runtime_socket} mode 600 level admin" in text
-    assert "server new [fd00::12]:8000 weight 100 ssl verify required" in text and text.count("disabled") == 1
+    assert "server new [fd00::12]:8000 weight 100 ssl verify required" in text and text.count(" disabled\n") == 4
+    assert "server old--backup 10.0.0.11:8000 backup weight 100 ssl verify required" in text  # each host's twin, out
     assert "server spare localhost:8000 weight 0\n" in text  # the front's own loopback: plain
     assert "timeout server 600s" in text and "timeout client 600s" in text
     lowered = "\n".join(line for line in text.lower().splitlines() if not line.lstrip().startswith("#"))
@@ -328,12 +329,16 @@ def test_the_cutover_through_haproxy_brings_new_in_and_takes_old_out(pem: Path, 
             assert _echo(front.request("GET", "/v1/models")[1])["backend"] == "old"
             balancer = HAProxyBalancer(RuntimeApi(front.socket), drain_timeout_s=10, up_timeout_s=10, poll_s=0.05)
             steps = cutover(balancer, new="new", old="old")
-            assert [(s["step"], s["server"]) for s in steps] == [("add", "new"), ("drain", "old"), ("remove", "old")]
+            assert [(s["step"], s["server"]) for s in steps] == [
+                ("add", "new"), ("drain", "old"), ("remove", "old"), ("backup", "old"),
+            ]  # fmt: skip
             states = {s.name: (s.state, s.status) for s in balancer.status()}
             assert states["old"] == ("maint", "MAINT") and states["new"][0] == "ready"
+            assert states["old--backup"][0] == "ready" and states["new--backup"][0] == "maint"
             raw = {row["srv_name"]: row["srv_admin_state"] for row in balancer.api.servers_state()}
-            assert raw == {"old": "1", "new": "4"}  # FMAINT; CMAINT left over from `disabled`, yet ready
-            for _ in range(3):
+            # FMAINT; CMAINT left over from `disabled`, yet ready (the twin as well)
+            assert raw == {"old": "1", "new": "4", "old--backup": "4", "new--backup": "5"}
+            for _ in range(3):  # the backup takes nothing while NEW is up
                 assert _echo(front.request("GET", "/v1/models")[1])["backend"] == "new"
 
 
@@ -376,7 +381,10 @@ def test_the_exporter_names_each_engine_host_s_state_as_the_alert_reads_it(
         for s in family.samples
         if s.name == haproxy.SERVER_STATE_SERIES and s.labels.get("proxy") == "engines"
     }
-    assert {k for k, v in states.items() if v == 1} == {("a", "DRAIN"), ("b", "MAINT")}, states
+    # each host's backup twin is in maint until a cutover: the alert leaves the twins out (monitoring/alerts.yml)
+    assert {k for k, v in states.items() if v == 1} == {
+        ("a", "DRAIN"), ("b", "MAINT"), ("a--backup", "MAINT"), ("b--backup", "MAINT"),
+    }, states  # fmt: skip
     assert httpx.get(f"{base}/stats", timeout=10).status_code == 404  # /metrics only
 
 
@@ -417,8 +425,8 @@ def test_a_reload_keeps_a_drained_server_drained_and_one_in_maint_out_once_the_s
         with support.running(config, short_dir, ready=("a", "b", "c"), master=True) as front:
             api = RuntimeApi(front.socket)
 
-            def states() -> dict[str, str]:
-                return {s.name: s.state for s in api.status()}
+            def states() -> dict[str, str]:  # the hosts (their backup twins stay in maint throughout)
+                return {s.name: s.state for s in api.status() if not s.name.endswith(BACKUP_SUFFIX)}
 
             api.set_state("a", "drain")
             api.set_state("b", "maint")
@@ -429,7 +437,7 @@ def test_a_reload_keeps_a_drained_server_drained_and_one_in_maint_out_once_the_s
             api.set_state("b", "maint")
             saved = cli("front", "save-state", "--socket", front.socket, "--file", config.server_state_file, "--json")
             assert saved.exit_code == 0, saved.output
-            assert json.loads(saved.output)["servers_saved"] == 3
+            assert json.loads(saved.output)["servers_saved"] == 6  # three hosts and their twins
             assert oct(os.stat(config.server_state_file).st_mode & 0o777) == "0o600"
             front.reload()
             assert states() == {"a": "drain", "b": "maint", "c": "ready"}
@@ -445,19 +453,23 @@ def test_the_front_commands_show_and_change_server_states_through_the_runtime_ap
     front, _ = two
     shown = cli("front", "status", "--socket", front.socket, "--json")
     assert shown.exit_code == 0, shown.output
-    assert {s["name"]: s["state"] for s in json.loads(shown.output)["servers"]} == {"a": "ready", "b": "ready"}
+    assert {s["name"]: s["state"] for s in json.loads(shown.output)["servers"]} == {
+        "a": "ready", "b": "ready", "a--backup": "maint", "b--backup": "maint",
+    }  # fmt: skip
     drained = cli("front", "drain", "a", "--socket", front.socket, "--wait", "--timeout", "5", "--json")
     assert drained.exit_code == 0, drained.output
     data = json.loads(drained.output)
     assert data["state"] == "drain" and data["waited_s"] is not None
     assert {s["name"]: s["state"] for s in data["servers"]}["a"] == "drain"
-    assert data["in_flight_before"] == 0 and data["sessions_before"] == {"a": 0, "b": 0}  # each server's, idle
+    assert data["in_flight_before"] == 0  # each server's sessions, idle (the backup twins' too)
+    assert data["sessions_before"] == {"a": 0, "b": 0, "a--backup": 0, "b--backup": 0}
     out = cli("front", "disable", "b", "--socket", front.socket)
     assert out.exit_code == 0 and "front disable: b is now maint" in out.output and "MAINT" in out.output
     back = cli("front", "enable", "b", "--socket", front.socket, "--wait", "--timeout", "10")
     assert back.exit_code == 0, back.output
     unknown = cli("front", "drain", "c", "--socket", front.socket)
-    assert unknown.exit_code == 2 and "HAProxy has no server engines/c: its servers are ['a', 'b']" in unknown.output
+    assert unknown.exit_code == 2
+    assert "HAProxy has no server engines/c: its servers are ['a', 'b', 'a--backup', 'b--backup']" in unknown.output
 
 
 # --------------------------------------------------------------------------- runtime API errors
@@ -488,7 +500,9 @@ def test_an_unknown_server_names_the_servers_haproxy_has(
     for call in (lambda: api.set_state("nope", "drain"), lambda: api.sessions("nope")):
         with pytest.raises(UnknownServerError) as info:
             call()
-        assert "HAProxy has no server engines/nope: its servers are ['a', 'b']" in str(info.value)
+        assert "HAProxy has no server engines/nope: its servers are ['a', 'b', 'a--backup', 'b--backup']" in str(
+            info.value
+        )
 
 
 # --------------------------------------------------------------------------- the site's own balancer

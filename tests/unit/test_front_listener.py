@@ -12,7 +12,9 @@ same hop between real hosts, with vLLM's own route table, is tests/integration/t
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import json
 import os
 import socket
 import ssl
@@ -29,7 +31,9 @@ from tests.support.capture import Capture, capturing
 
 from specdeploy.core.errors import UsageError
 from specdeploy.front import haproxy, listener
+from specdeploy.front.balancer import HAProxyBalancer, cutover
 from specdeploy.front.config import Backend, FrontConfig, parse_backend
+from specdeploy.front.runtime import RuntimeApi
 from specdeploy.profile.schema import FrontSpec
 from specdeploy.rehearsal import site_ca
 
@@ -92,29 +96,35 @@ def _spec(directory: Path, certs: dict[str, site_ca.Issued]) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _listener(spec: dict[str, Any], address: str, port: int, directory: Path) -> Iterator[Path]:
+    """The real HAProxy as an engine host's listener on `address:port` (to 127.0.0.1:`port`); its log."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = directory / "listener.cfg"
+    cfg.write_text(listener.render(FrontSpec(**spec), address=address, port=port))
+    log = directory / "listener.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            ["haproxy", "-db", "-f", str(cfg)], stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    try:
+        _wait_listening(address, port, process, log)
+        yield log
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
 @pytest.fixture
 def hop(pem: Path, short_dir: Path, tmp_path: Path) -> Iterator[Hop]:
     """The front over TLS -> the engine host's listener over mutual TLS -> an engine stand-in on loopback."""
     certs, stranger_ca = _certificates(tmp_path)
     spec = _spec(tmp_path, certs)
-    with support.engines("a") as engines:
-        engine = engines["a"]
-        cfg = tmp_path / "listener.cfg"
-        cfg.write_text(listener.render(FrontSpec(**spec), address=ENGINE_HOST, port=engine.port))
-        log = tmp_path / "listener.log"
-        with log.open("wb") as sink:
-            process = subprocess.Popen(
-                ["haproxy", "-db", "-f", str(cfg)], stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        try:
-            _wait_listening(ENGINE_HOST, engine.port, process, log)
-            backends = [Backend(name=NAME, address=ENGINE_HOST, port=engine.port, tls=True)]
-            config = support.front_config(short_dir, pem, backends, **spec)
-            with support.running(config, short_dir, ready=(NAME,)) as front:
-                yield Hop(front, engine, log, certs, stranger_ca)
-        finally:
-            process.terminate()
-            process.wait(10)
+    with support.engines("a") as engines, _listener(spec, ENGINE_HOST, engines["a"].port, tmp_path / "a") as log:
+        backends = [Backend(name=NAME, address=ENGINE_HOST, port=engines["a"].port, tls=True)]
+        config = support.front_config(short_dir, pem, backends, **spec)
+        with support.running(config, short_dir, ready=(NAME,)) as front:
+            yield Hop(front, engines["a"], log, certs, stranger_ca)
 
 
 def _wait_listening(address: str, port: int, process: subprocess.Popen[bytes], log: Path) -> None:
@@ -134,7 +144,11 @@ def test_through_the_front_the_api_reaches_the_engine_over_mutual_tls_with_the_k
     status, body = hop.front.request("GET", "/v1/models")
     assert status == 200, body
     assert hop.engine.requests()[-1] == ("GET", "/v1/models", f"Bearer {support.KEY}")
-    # the front's health checks take the same hop: the engine answered them through the listener
+    # the front's health checks take the same hop: the engine answers them through the listener (HAProxy
+    # deems a server up at start, before its first check: wait for one, every 100 ms here)
+    deadline = time.monotonic() + 5
+    while not any(path == "/health" for _, path, _ in hop.engine.seen) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert any(path == "/health" for _, path, _ in hop.engine.seen)
 
 
@@ -207,3 +221,50 @@ def test_a_backend_across_the_network_is_tls_and_plain_http_is_refused_there() -
     line = next(x for x in haproxy.render(config).splitlines() if x.strip().startswith("server old"))
     assert "ssl verify required ca-file /etc/haproxy/specdeploy-engine-ca.pem verifyhost old" in line
     assert "crt /etc/haproxy/specdeploy-front-client.pem check-ssl" in line
+
+
+def test_after_a_cutover_new_s_engine_killed_every_later_request_is_served_by_old_kept_as_backup(
+    pem: Path, short_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 35, item 4: OLD kept as a backup server until `migrate finish`. Two engine hosts (127.0.0.2,
+    127.0.0.3), each behind its listener; after the cutover (NEW in, OLD drained and out, OLD's backup
+    twin in) NEW's engine dies: its listener refuses the front's connections at once, the front takes
+    NEW out on the first refusal and sends the request again, to OLD's backup; every request after the
+    kill is answered, by OLD. Before the kill, OLD's backup took none."""
+    ca = tmp_path / "site-ca"
+    certs = {
+        "old": site_ca.issue(tmp_path / "old", ips=["127.0.0.2"], dns=["old"], ca_dir=ca),
+        "new": site_ca.issue(tmp_path / "new", ips=["127.0.0.3"], dns=["new"], ca_dir=ca),
+        "front": site_ca.issue(tmp_path / "front", ips=[], dns=["specdeploy-front"], ca_dir=ca, client=True),
+    }
+    spec = {
+        "listener_ca_path": str(certs["old"].ca),
+        "client_cert_path": str(site_ca.pem_bundle(certs["front"], tmp_path / "front-client.pem")),
+        "engine_ca_path": str(certs["old"].ca),
+    }
+    with contextlib.ExitStack() as stack:
+        engines = stack.enter_context(support.engines("old", "new"))
+        for name, address in (("old", "127.0.0.2"), ("new", "127.0.0.3")):
+            own = spec | {"listener_cert_path": str(site_ca.pem_bundle(certs[name], tmp_path / f"{name}.pem"))}
+            stack.enter_context(_listener(own, address, engines[name].port, tmp_path / f"listener-{name}"))
+        backends = [
+            Backend(name="old", address="127.0.0.2", port=engines["old"].port, tls=True),
+            Backend(name="new", address="127.0.0.3", port=engines["new"].port, state="maint", tls=True),
+        ]
+        # the profile's health-check interval (2 s, 3 failures): the front learns of NEW's death from its
+        # requests long before its checks would tell it
+        config = support.front_config(short_dir, pem, backends, **spec | {"check_interval_s": 2.0})
+        front = stack.enter_context(support.running(config, short_dir, ready=("old",)))
+        balancer = HAProxyBalancer(RuntimeApi(front.socket), drain_timeout_s=10, up_timeout_s=15, poll_s=0.05)
+        cutover(balancer, new="new", old="old")
+        served_before = len(engines["old"].requests())
+        for _ in range(5):
+            status, body = front.request("GET", "/v1/models")
+            assert status == 200 and json.loads(body)["backend"] == "new"
+        assert len(engines["old"].requests()) == served_before  # the backup takes nothing while NEW is up
+        engines["new"].kill()
+        answers = [front.request("GET", "/v1/models") for _ in range(10)]
+        assert [status for status, _ in answers] == [200] * 10, answers
+        assert {json.loads(body)["backend"] for _, body in answers} == {"old"}
+        states = {s.name: s.status for s in balancer.status()}
+        assert states["new"].startswith("DOWN") and states["old--backup"].startswith("UP"), states

@@ -374,7 +374,7 @@ def test_a_cutover_through_the_real_haproxy_under_streaming_load_fails_no_reques
                 result = running_load.finish(60)
     assert result.failed == 0 and result.sent == 24 and result.ok == 24, result.to_json()
     assert result.max_in_flight == 4 and (result.min_in_flight_while_running or 0) >= 2, result.to_json()
-    assert in_flight_on_old >= 1 and [s["step"] for s in steps] == ["add", "drain", "remove"]
+    assert in_flight_on_old >= 1 and [s["step"] for s in steps] == ["add", "drain", "remove", "backup"]
     served = {name: len([r for r in e.requests() if r[1] == "/v1/chat/completions"]) for name, e in engines.items()}
     assert served["old"] >= 1 and served["new"] >= 1 and sum(served.values()) == 24
     assert {r[2] for e in engines.values() for r in e.requests()} == {"Bearer sk-test"}

@@ -318,7 +318,9 @@ def register(app: typer.Typer) -> None:
 
 @front_app.command("listener")
 def front_listener(
-    profile: Annotated[str, typer.Argument(help="profile name or path to a .yaml file (its front: and serve: sections)")],
+    profile: Annotated[
+        str, typer.Argument(help="profile name or path to a .yaml file (its front: and serve: sections)")
+    ],
     address: Annotated[
         str,
         typer.Option(
@@ -346,7 +348,9 @@ def front_listener(
         sys.stdout.write(listener.render_unit())
         return
     loaded = load_profile(profile)
-    text = listener.render(loaded.front, address=listener.require_address(address), port=loaded.engine.serve.port, profile=loaded.name)
+    text = listener.render(
+        loaded.front, address=listener.require_address(address), port=loaded.engine.serve.port, profile=loaded.name
+    )
     if validate:
         haproxy.check(text)
     sys.stdout.write(text)

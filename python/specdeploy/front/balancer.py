@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from specdeploy.core.errors import SpecdeployError
-from specdeploy.front.config import STATES
+from specdeploy.front.config import STATES, backup_name
 from specdeploy.front.runtime import RuntimeApi, ServerStatus
 from specdeploy.host import command
 
@@ -97,6 +97,11 @@ class HAProxyBalancer:
 
     def remove(self, server: str) -> None:
         self.api.set_state(server, "maint")
+
+    def keep_as_backup(self, server: str) -> None:
+        """`server`'s backup twin in (it takes requests only while no other server is up)."""
+        self.api.set_state(backup_name(server), "ready")
+        self.api.wait_up(backup_name(server), self.up_timeout_s, poll_s=self.poll_s)
 
     def status(self) -> list[ServerStatus]:
         return self.api.status()
@@ -195,14 +200,18 @@ class HookBalancer:
 
 def cutover(balancer: Balancer, *, new: str, old: str) -> list[dict[str, Any]]:
     """Issue 23's cutover through any balancer: NEW in, OLD drained (its in-flight requests
-    finish), OLD out. Stops at the first step that fails (its error says which); returns the
-    steps done with their durations."""
+    finish), OLD out — and, where the balancer has backups (HAProxy), OLD kept as the backup that
+    serves while NEW is down. Stops at the first step that fails (its error says which); returns
+    the steps done with their durations."""
     steps: list[dict[str, Any]] = []
-    for verb, server, action in (
+    actions: list[tuple[str, str, Callable[[str], None]]] = [
         ("add", new, balancer.add),
         ("drain", old, balancer.drain),
         ("remove", old, balancer.remove),
-    ):
+    ]
+    if isinstance(balancer, HAProxyBalancer):
+        actions.append(("backup", old, balancer.keep_as_backup))
+    for verb, server, action in actions:
         started = time.monotonic()
         action(server)
         steps.append({"step": verb, "server": server, "elapsed_s": round(time.monotonic() - started, 3)})

@@ -23,6 +23,10 @@ STATES = ("ready", "drain", "maint")
 # A server's weight when it takes traffic; a server rendered in `drain` gets weight 0 (HAProxy has no
 # configuration keyword for the drain state) and `ready` through the runtime API sets this back.
 WEIGHT = 100
+# Each engine host is also rendered as a backup server of this name (`NAME--backup`), in maint: after a
+# cutover OLD's twin is put in (ready), so that HAProxy sends OLD every request while NEW is down, until
+# `migrate finish` takes it out (docs/front.md, "OLD kept as the way back").
+BACKUP_SUFFIX = "--backup"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _HOSTNAME_RE = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
@@ -70,6 +74,11 @@ class Backend(BaseModel):
             raise ValueError(
                 "backend name: expected letters, digits, '.', '-' or '_' (at most 63, a letter or digit first), "
                 f"found {v!r}"
+            )
+        if v.endswith(BACKUP_SUFFIX):
+            raise ValueError(
+                f"backend name: expected a name not ending in {BACKUP_SUFFIX!r} (each host's backup server is named "
+                f"so), found {v!r}"
             )
         return v
 
@@ -156,6 +165,11 @@ def _lines(exc: ValidationError) -> list[str]:
 _BACKEND_RE = re.compile(
     r"^(?P<name>[^=]+)=(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:@\[\]]+)):(?P<port>[0-9]{1,5})(?:@(?P<state>\w+))?$"
 )
+
+
+def backup_name(server: str) -> str:
+    """The name of `server`'s backup twin in the front (in maint unless a cutover put it in)."""
+    return f"{server}{BACKUP_SUFFIX}"
 
 
 def parse_backend(text: str) -> Backend:

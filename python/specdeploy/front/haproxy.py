@@ -45,7 +45,7 @@ import tempfile
 from pathlib import Path
 
 from specdeploy.core.errors import SpecdeployError
-from specdeploy.front.config import BACKEND, FRONTEND, WEIGHT, Backend, FrontConfig
+from specdeploy.front.config import BACKEND, FRONTEND, WEIGHT, Backend, FrontConfig, backup_name
 from specdeploy.host import command
 
 HAPROXY = "haproxy"
@@ -71,16 +71,26 @@ def bind_address(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
+def _tls(backend: Backend, config: FrontConfig) -> str:
+    if not backend.tls:
+        return ""
+    # mutual TLS to the engine host's listener: its certificate verified against the site CA and the
+    # host's name; ours presented (the only one it accepts); health checks take the same hop
+    return (
+        f" ssl verify required ca-file {config.engine_ca_path} verifyhost {backend.name}"
+        f" crt {config.client_cert_path} check-ssl"
+    )
+
+
 def _server(backend: Backend, config: FrontConfig) -> str:
     line = f"    server {backend.name} {backend.endpoint} weight {0 if backend.state == 'drain' else WEIGHT}"
-    if backend.tls:
-        # mutual TLS to the engine host's listener: its certificate verified against the site CA and the
-        # host's name; ours presented (the only one it accepts); health checks take the same hop
-        line += (
-            f" ssl verify required ca-file {config.engine_ca_path} verifyhost {backend.name}"
-            f" crt {config.client_cert_path} check-ssl"
-        )
-    return line + (" disabled" if backend.state == "maint" else "")
+    return line + _tls(backend, config) + (" disabled" if backend.state == "maint" else "")
+
+
+def _backup(backend: Backend, config: FrontConfig) -> str:
+    """The host's backup twin: in maint until a cutover puts it in (OLD, the way back while NEW is down)."""
+    server = f"    server {backup_name(backend.name)} {backend.endpoint} backup weight {WEIGHT}"
+    return f"{server}{_tls(backend, config)} disabled"
 
 
 def render(config: FrontConfig) -> str:
@@ -123,6 +133,11 @@ def render(config: FrontConfig) -> str:
         f"    timeout client {duration(config.timeout_client_s)}",
         f"    timeout server {duration(config.timeout_server_s)}",
         f"    timeout http-request {duration(config.timeout_http_request_s)}",
+        "    # a request whose engine host failed before answering (a refused connection, closed without a byte",
+        "    # of answer) is sent again, to another server each time: OLD's backup after a cutover",
+        "    retries 3",
+        "    option redispatch 1",
+        "    retry-on conn-failure empty-response",
         "",
         f"frontend {FRONTEND}",
         f"    bind {bind_address(config.listen_address, config.listen_port)} ssl crt {config.cert_path} alpn http/1.1",
@@ -145,8 +160,12 @@ def render(config: FrontConfig) -> str:
         "    option httpchk",
         f"    http-check send meth GET uri {config.health_path} ver HTTP/1.1 hdr Host specdeploy-front",
         "    http-check expect status 200",
-        f"    default-server check inter {duration(config.check_interval_s)} fall 3 rise 2",
+        # a refused connection takes the host out at once (its listener refuses while its engine is down);
+        # the health checks put it back
+        f"    default-server check inter {duration(config.check_interval_s)} fall 3 rise 2 "
+        "observe layer4 error-limit 1 on-error mark-down",
         *(_server(backend, config) for backend in config.backends),
+        *(_backup(backend, config) for backend in config.backends),
         "",
     ]
     return "\n".join(lines)

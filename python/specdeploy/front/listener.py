@@ -96,11 +96,14 @@ def render(front: FrontSpec, *, address: str, port: int, profile: str | None = N
         "verify required alpn http/1.1",
         "    # a certificate of the site CA that is not the front's (a registry's, a hub's): refused as well",
         f"    tcp-request session reject unless {{ ssl_c_s_dn(CN) -m str {front.client_name} }}",
+        "    # the engine down: the front's connection refused at once (not accepted and then closed), so the front",
+        "    # takes this host out and sends the request to another (OLD's backup after a cutover)",
+        f"    tcp-request connection reject if {{ nbsrv({BACKEND}) eq 0 }}",
         f"    default_backend {BACKEND}",
         "",
         f"backend {BACKEND}",
         "    # the engine, on this host's loopback only",
-        f"    server {BACKEND} 127.0.0.1:{port}",
+        f"    server {BACKEND} 127.0.0.1:{port} check inter 1s fall 1 rise 2",
         "",
     ]
     return "\n".join(lines)

@@ -35,6 +35,7 @@ from specdeploy.core import atomic, layout
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.core.housekeeping import human
 from specdeploy.core.programs import ansible_program
+from specdeploy.front.config import backup_name
 from specdeploy.gate.run import new_run_id
 from specdeploy.migrate import compare, record, seed
 from specdeploy.migrate.hosts import HostAccess, connect
@@ -557,11 +558,15 @@ def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: Hos
     started = time.monotonic()
     steps = []
     rec.traffic_on = "both"
-    for verb, server, extra in (
+    plan: list[tuple[str, str, list[str]]] = [
         ("enable", to.name, ["--wait"]),
         ("drain", away.name, ["--wait", "--timeout", str(profile.migration.drain_timeout_s)]),
         ("disable", away.name, []),
-    ):
+    ]
+    if m.front_hook is None:  # HAProxy: OLD's backup twin serves while NEW is down, until `migrate finish`
+        twin = backup_name(m.old.name)
+        plan.append(("enable", twin, ["--wait"]) if away is m.old else ("disable", twin, []))
+    for verb, server, extra in plan:
         at, t = time.time(), time.monotonic()
         shown = front_command(m, verb, server, *extra)
         steps.append(
@@ -623,8 +628,11 @@ def finish(m: Migration, rec: record.MigrationRecord, *, stop_old: bool) -> dict
             "kept",
             hint="`migrate rollback` moves traffic back to OLD; fix NEW, then finish again",
         )
-    # decommission.yml drains OLD from the front and takes it out first (a fleet deploy since cutover
-    # may have put it back in): an engine the front still sends to is never stopped
+    # OLD's backup twin out first (the way back ends here), then decommission.yml drains OLD from the front
+    # and takes it out (a fleet deploy since cutover may have put it back in): an engine the front still
+    # sends to is never stopped
+    if m.front is not None and m.front_hook is None:
+        front_command(m, "disable", backup_name(m.old.name))
     playbook_dir = m.playbook_dir or Path(__file__).resolve().parents[3] / "ansible"
     playbook = str(ansible_program("ansible-playbook", why=f"{m.old.name} cannot be decommissioned"))
     argv = [playbook, "decommission.yml", "-i", str(m.inventory), "-l", m.old.name]
