@@ -118,7 +118,7 @@ def endpoint_problem(url: str) -> str | None:
 
 class EngineClient:
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout: float = 300) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = base_url.strip().rstrip("/")  # as endpoint_problem judged it
         self.model = model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
