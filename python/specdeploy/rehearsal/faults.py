@@ -15,7 +15,9 @@ its first run — is among the failed ones; a healthy run must pass.
 Each case runs in its own directory under the matrix's work directory; the host layout (state, lock,
 goldens) is shared, so the first healthy run records the golden transcript every later run compares
 with. Engines are reused between cases that launch the same way (the plugin's faults switch on a
-control file), and restarted between healthy runs once (`restart` cases), as a deploy restarts them.
+control file); between healthy runs 5 and 6 the engine restarts because its launch changes (the
+plugin's path added), as a deploy restarts it. A case may also force a fresh engine (`restart`); none
+of the current cases needs to.
 """
 
 from __future__ import annotations
