@@ -44,8 +44,8 @@ speaks.
 from __future__ import annotations
 
 import json
+import secrets
 import shlex
-import socket
 import ssl
 import subprocess
 import time
@@ -224,7 +224,8 @@ def test_from_another_host_every_engine_route_is_refused_and_the_key_crosses_the
     /invocations, /tokenize and /metrics among them — is refused, in plain HTTP and over TLS without the
     front's certificate. Through the front with the key the API works, and a capture of the network's
     bridge during that request holds no byte of the key between the front and OLD; the same capture
-    does see a marker sent in clear across the bridge (proof that it reads payloads)."""
+    does see a marker NEW sends OLD in clear (proof that it reads what the bridge forwards between two
+    hosts)."""
     from tests.support.capture import Capture, capturing
 
     port = load_profile(PROFILE).engine.serve.port
@@ -243,7 +244,7 @@ def test_from_another_host_every_engine_route_is_refused_and_the_key_crosses_the
     # the engine port on OLD_IP is its listener's, and the listener runs as HAProxy's account
     listening = site.old.ssh(f"ss -Hltnp 'sport = :{port}'").stdout
     assert f"{OLD_IP}:{port}" in listening and "haproxy" in listening, listening
-    marker = f"clear-marker-{API_KEY}".encode()
+    marker = f"clear-marker-{secrets.token_hex(8)}".encode()
     with capturing(_bridge(hub.NETWORK)) as capture:
         with httpx.Client(
             base_url=f"https://127.0.0.1:{load_profile(PROFILE).front.listen_port}",
@@ -256,13 +257,17 @@ def test_from_another_host_every_engine_route_is_refused_and_the_key_crosses_the
                 json={"model": load_profile(PROFILE).engine.serve.served_model_name,
                       "messages": [{"role": "user", "content": "capture"}], "max_tokens": 4},
             )  # fmt: skip
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-            udp.sendto(marker, (OLD_IP, 9))  # the discard port: sent in clear across the bridge
+        # from NEW to OLD, in clear (the discard port): a frame the bridge forwards between two of its
+        # hosts, as it forwards the front's to OLD
+        site.new.ssh(
+            "python3 -c 'import socket; "
+            f'socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"{marker.decode()}", ("{OLD_IP}", 9))\''
+        )
         time.sleep(0.5)
     assert answer.status_code == 200, answer.text
     hop = [s for s in capture.between(migration.FRONT_IP) if OLD_IP in (s.src, s.dst)]
     assert hop, f"nothing captured between the front and OLD ({capture.frames} frames)"
-    assert Capture.holds(capture.between(OLD_IP), marker), "the capture did not see the marker sent in clear"
+    assert Capture.holds(capture.between(OLD_IP), marker), "the capture did not see NEW's marker sent in clear"
     assert not Capture.holds(hop, API_KEY.encode())
     assert not Capture.holds(hop, b"capture")
 

@@ -3,7 +3,8 @@ served, read with a raw AF_PACKET socket (root only; Python's own, no tcpdump), 
 "no byte of the key crossed this hop" and prove the capture sees payloads at all.
 
 What is real: the kernel's copies of every frame on the interface (the loopback of this machine, or
-a podman network's bridge, which carries the traffic between its containers).
+a podman network's bridge, which carries the traffic between its containers: the socket puts the
+interface in promiscuous mode, without which a bridge keeps the frames it forwards from its taps).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 ETH_P_ALL = 0x0003
+SOL_PACKET, PACKET_ADD_MEMBERSHIP, PACKET_MR_PROMISC = 263, 1, 1  # <linux/if_packet.h>
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,10 @@ def capturing(interface: str) -> Iterator[Capture]:
     capture = Capture(interface)
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
     sock.bind((interface, 0))
+    # promiscuous, as tcpdump makes it: a bridge hands its packet sockets the frames it forwards between
+    # two of its ports (one container to another) only in this mode; dropped when the socket closes
+    membership = struct.pack("iHH8s", socket.if_nametoindex(interface), PACKET_MR_PROMISC, 0, b"\0" * 8)
+    sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, membership)
     sock.settimeout(0.1)
     stop = threading.Event()
 
