@@ -153,7 +153,7 @@ def test_the_front_role_refuses_an_engine_host_that_publishes_on_loopback_only(t
     done, config = _front_play(tmp_path, inventory)
     assert done.returncode != 0 and not config.exists()
     text = " ".join(done.stdout.split())
-    assert "gpu-a6000-02.example.internal is behind the front but publishes its engine on the default 127.0.0.1" in text
+    assert "gpu-a6000-02.example.internal is behind the front but has no specdeploy_publish_host" in text
     assert "Install the site certificate" not in done.stdout
 
 

@@ -43,9 +43,9 @@ DATA_ROOT = Path("/var/lib/specdeploy")
 INSTALL_ROOT = Path("/opt/specdeploy")
 
 UNIT_NAME = "specdeploy-engine"
-# Where a container engine's port is published on the host unless the inventory says otherwise
-# (`specdeploy_publish_host`, per host): vLLM's API key guards only its /v1-style routes, so
-# /metrics, /tokenize and /invocations must not reach the network by default.
+# Where a container engine's port is published on the host, always: vLLM's API key guards only its
+# /v1-style routes, so /metrics, /tokenize and /invocations must never reach the network. Behind a
+# front, the host's listener takes its internal address (`specdeploy_publish_host`, front/listener.py).
 DEFAULT_PUBLISH_HOST = "127.0.0.1"
 # The build guard every Containerfile COPYs (relative to the build context, the repository
 # root) and where it lands in the image, where `image check` runs it.

@@ -203,7 +203,7 @@ def check_file(
             + "\n  ".join(a.replace(str(path), name) for a in alerts),
             hint="correct what HAProxy names above, in the profile's front: section or the options: the certificate "
             "is one PEM file holding the chain and the private key (cat cert.pem key.pem); a server's host name must "
-            "resolve where haproxy runs (prefer the internal IP address its engine publishes on); to render for "
+            "resolve where haproxy runs (prefer the internal IP address its listener takes); to render for "
             "another machine, pass --no-validate and run `haproxy -c -f FILE` there",
         )
     return report

@@ -563,8 +563,11 @@ def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: Hos
         ("drain", away.name, ["--wait", "--timeout", str(profile.migration.drain_timeout_s)]),
         ("disable", away.name, []),
     ]
-    if m.front_hook is None:  # HAProxy: OLD's backup twin serves while NEW is down, until `migrate finish`
-        twin = backup_name(m.old.name)
+    twin = backup_name(m.old.name)
+    # HAProxy: OLD's backup twin serves while NEW is down, until `migrate finish` (a front rendered before
+    # the twins existed has none: the move goes on without it, and says so)
+    has_twin = m.front_hook is None and twin in front_servers(m)
+    if has_twin:
         plan.append(("enable", twin, ["--wait"]) if away is m.old else ("disable", twin, []))
     for verb, server, extra in plan:
         at, t = time.time(), time.monotonic()
@@ -583,6 +586,11 @@ def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: Hos
     return {
         "duration_s": round(time.monotonic() - started, 2),
         "steps": steps,
+        "old_as_backup": (
+            ("in" if away is m.old else "out")
+            if has_twin
+            else "none: the front renders no backup server (deploy the front again: deploy.yml -l specdeploy_front)"
+        ),
         "failed_requests_at_front": _difference(front_failures(m), failed_before),
         "finished_unix": time.time(),
     }
@@ -631,7 +639,7 @@ def finish(m: Migration, rec: record.MigrationRecord, *, stop_old: bool) -> dict
     # OLD's backup twin out first (the way back ends here), then decommission.yml drains OLD from the front
     # and takes it out (a fleet deploy since cutover may have put it back in): an engine the front still
     # sends to is never stopped
-    if m.front is not None and m.front_hook is None:
+    if m.front is not None and m.front_hook is None and backup_name(m.old.name) in front_servers(m):
         front_command(m, "disable", backup_name(m.old.name))
     playbook_dir = m.playbook_dir or Path(__file__).resolve().parents[3] / "ansible"
     playbook = str(ansible_program("ansible-playbook", why=f"{m.old.name} cannot be decommissioned"))

@@ -732,10 +732,10 @@ class WatchSpec(_Strict):
 
 # The engine routes the site's front door serves (specdeploy.front, docs/front.md): the OpenAI
 # routes the API key guards, and health. `/version` is not served by default (it is neither /v1
-# nor health; the smoke's identity stage reads it on the host's internal address, not through the
+# nor health; the smoke's identity stage reads it on the host's loopback, not through the
 # front); a site may add it. Everything else (vLLM's /metrics, /tokenize, /detokenize,
 # /invocations, ...) answers without the key and must never be reachable from outside (README
-# "Exposure is a per-host choice"). docs/front.md.
+# "The engine listens on loopback only"). docs/front.md.
 DEFAULT_FRONT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health")
 FRONT_EXTRA_PATHS = ("/health", "/version")  # the only allowed paths outside /v1/
 _FRONT_PATH_RE = re.compile(r"^/[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$")

@@ -1,7 +1,7 @@
 """The light gate's result as a Prometheus textfile, for node_exporter's textfile collector.
 
 vLLM's /metrics stays on the host's loopback (its API key guards only the /v1 routes; README
-"Exposure is a per-host choice"), so a site's Prometheus cannot scrape the engine. Instead each
+"The engine listens on loopback only"), so a site's Prometheus cannot scrape the engine. Instead each
 light gate writes what the site needs into one `*.prom` file that node_exporter — already
 scraped — serves with its own metrics: the light gate's verdict and time, the acceptance it
 judged, the speculative-decoding counters re-exported from the engine's loopback /metrics
