@@ -86,7 +86,11 @@ def render(front: FrontSpec, *, address: str, port: int, profile: str | None = N
         "    # client and server addresses, bytes and timings; nothing of a request is read or logged",
         "    option tcplog",
         "    option dontlognull",
-        f"    timeout connect {duration(front.timeout_connect_s)}",
+        "    # the engine is on this host's loopback: a connection that does not open at once never will (a",
+        "    # container just killed: its port forwarded into the void until podman cleans it up)",
+        "    timeout connect 1s",
+        "    timeout check 1s",
+        "    retries 1",
         f"    timeout client {duration(front.timeout_client_s)}",
         f"    timeout server {duration(front.timeout_server_s)}",
         "",
@@ -103,7 +107,10 @@ def render(front: FrontSpec, *, address: str, port: int, profile: str | None = N
         "",
         f"backend {BACKEND}",
         "    # the engine, on this host's loopback only",
-        f"    server {BACKEND} 127.0.0.1:{port} check inter 1s fall 1 rise 2",
+        # a failed connection to the engine marks it down at once (not at the next check): from then on
+        # the front's connections are refused, and the front sends them elsewhere
+        f"    server {BACKEND} 127.0.0.1:{port} check inter 1s fall 1 rise 2 observe layer4 error-limit 1 "
+        "on-error mark-down",
         "",
     ]
     return "\n".join(lines)
