@@ -541,7 +541,11 @@ def verify(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
 def front_failures(m: Migration) -> int | None:
     """The front's own count of failed requests so far (5xx answers, connection and response errors);
     None through a hook (the site's balancer keeps its own count)."""
-    failures = front_command(m, "status", "").get("failures")
+    return _failures(front_command(m, "status", ""))
+
+
+def _failures(shown: dict[str, Any]) -> int | None:
+    failures = shown.get("failures")
     return None if failures is None else sum(int(v) for v in failures.values())
 
 
@@ -554,7 +558,8 @@ def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: Hos
     drained (its in-flight requests finish), `away` out. Times each step, and counts the requests
     the front saw fail meanwhile (its own counters, before and after)."""
     profile = load_profile(m.workdir / "profiles" / f"{rec.profile}.yaml")
-    failed_before = front_failures(m)
+    before = front_command(m, "status", "")  # one look at the front: its failures so far, its servers
+    failed_before = _failures(before)
     started = time.monotonic()
     steps = []
     rec.traffic_on = "both"
@@ -566,7 +571,7 @@ def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: Hos
     twin = backup_name(m.old.name)
     # HAProxy: OLD's backup twin serves while NEW is down, until `migrate finish` (a front rendered before
     # the twins existed has none: the move goes on without it, and says so)
-    has_twin = m.front_hook is None and twin in front_servers(m)
+    has_twin = m.front_hook is None and twin in {server["name"] for server in before.get("servers", [])}
     if has_twin:
         plan.append(("enable", twin, ["--wait"]) if away is m.old else ("disable", twin, []))
     for verb, server, extra in plan:
