@@ -30,6 +30,9 @@ command -v promtool >/dev/null || need+=(prometheus)
 command -v haproxy >/dev/null || need+=(haproxy)
 # openssl: the front's tests make a throwaway self-signed certificate with it.
 command -v openssl >/dev/null || need+=(openssl)
+# iptables: the listener's test makes a dead engine's port swallow connections (a DROP rule on loopback,
+# removed after it), as podman's forwarded port does for a moment after its container is killed.
+command -v iptables >/dev/null || need+=(iptables)
 # python3 builds the venv (scripts/setup.sh); `python3 -m venv` needs ensurepip: Debian's python3-venv.
 command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
