@@ -206,7 +206,7 @@ def test_any_listener_address_is_one_internal_ip_address_or_a_specdeploy_error(a
         return
     parsed = ipaddress.ip_address(accepted)
     assert not parsed.is_loopback and not parsed.is_unspecified
-    text = listener.render(CONTAINER.front, address=accepted, port=8000)
+    text = listener.render(CONTAINER.front, address=accepted, port=8000, drain_s=600)
     assert not CONTROL.search(text) and "verify required" in text
 
 

@@ -447,6 +447,48 @@ def test_new_s_engine_killed_after_cutover_every_later_request_is_served_by_old_
         time.sleep(5)
 
 
+def test_new_stopped_by_systemctl_after_cutover_loses_no_request_under_a_bounded_load(site: Site) -> None:
+    """Issue 35: `systemctl stop` of NEW's engine loses no request. NEW's listener is PartOf= and After=
+    the engine's unit and stops softly (SIGUSR1; front/listener.py `render_unit`): systemd stops it
+    first, it stops listening at once (the front sends new requests to OLD's backup) and lets the
+    streams in flight finish on the engine, which still runs; only then does the engine stop. Under a
+    bounded streaming load through the front: no request fails, those in flight at the stop finish,
+    those started after it are answered by OLD. `systemctl start` of the engine starts its listener
+    again (WantedBy=), and the front's checks put NEW back in (the chain goes on)."""
+    deadline = time.monotonic() + 600  # the kill before: systemd restarted NEW's engine
+    while not site.front_status()[NEW_NAME]["status"].startswith("UP"):
+        assert time.monotonic() < deadline, site.front_status()
+        time.sleep(5)
+    backup = f"{site.old.name}--backup"
+    served_by_old = site.front_status()[backup]["served_total"]
+    with site.load(total=4 * migration.LOAD_IN_FLIGHT) as running:
+        assert running.wait_streaming(migration.LOAD_IN_FLIGHT // 2, 120)
+        stopped_at = time.monotonic()
+        site.new.ssh(f"systemctl stop {layout.UNIT_NAME}")  # returns once both units are stopped
+        stop_took = time.monotonic() - stopped_at
+        result = running.finish(900)
+    in_flight = [r for r in result.requests if r.started < stopped_at and (r.ended is None or r.ended > stopped_at)]
+    later = [r for r in result.requests if r.started >= stopped_at]
+    report = {
+        "sent": result.sent,
+        "failed": result.failed,
+        "in_flight_at_stop": len(in_flight),
+        "started_after_stop": len(later),
+        "systemctl_stop_s": round(stop_took, 1),
+    }
+    print(f"NEW stopped by systemctl after cutover: {json.dumps(report)}")  # the chain's record
+    assert result.failed == 0, (report, result.to_json())
+    assert len(in_flight) >= 2 and len(later) >= 4, report
+    assert site.front_status()[backup]["served_total"] - served_by_old >= len(later), site.front_status()
+    inactive = site.new.ssh(f"systemctl is-active {layout.LISTENER_UNIT_NAME}", check=False).stdout.strip()
+    assert inactive != "active", inactive  # stopped with the engine (PartOf=)
+    site.new.ssh(f"systemctl start {layout.UNIT_NAME}")
+    deadline = time.monotonic() + 600
+    while not site.front_status()[NEW_NAME]["status"].startswith("UP"):  # its listener started with it
+        assert time.monotonic() < deadline, site.front_status()
+        time.sleep(5)
+
+
 # what a rolling deploy does on each host, in order (task-name prefixes of deploy.yml's roles)
 ROLLING_STAGES = {
     "drained": "front : Drain this host from the site's front door",

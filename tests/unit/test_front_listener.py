@@ -17,9 +17,11 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from specdeploy.front import haproxy, listener
 from specdeploy.front.balancer import HAProxyBalancer, cutover
 from specdeploy.front.config import Backend, FrontConfig, parse_backend
 from specdeploy.front.runtime import RuntimeApi
+from specdeploy.profile import load_profile
 from specdeploy.profile.schema import FrontSpec
 from specdeploy.rehearsal import site_ca
 
@@ -97,12 +100,20 @@ def _spec(directory: Path, certs: dict[str, site_ca.Issued]) -> dict[str, Any]:
     }
 
 
+@dataclass
+class Listener:
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
 @contextlib.contextmanager
-def _listener(spec: dict[str, Any], address: str, port: int, directory: Path) -> Iterator[Path]:
-    """The real HAProxy as an engine host's listener on `address:port` (to 127.0.0.1:`port`); its log."""
+def _listener(
+    spec: dict[str, Any], address: str, port: int, directory: Path, *, drain_s: float = 10
+) -> Iterator[Listener]:
+    """The real HAProxy as an engine host's listener on `address:port` (to 127.0.0.1:`port`)."""
     directory.mkdir(parents=True, exist_ok=True)
     cfg = directory / "listener.cfg"
-    cfg.write_text(listener.render(FrontSpec(**spec), address=address, port=port))
+    cfg.write_text(listener.render(FrontSpec(**spec), address=address, port=port, drain_s=drain_s))
     log = directory / "listener.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
@@ -110,10 +121,11 @@ def _listener(spec: dict[str, Any], address: str, port: int, directory: Path) ->
         )
     try:
         _wait_listening(address, port, process, log)
-        yield log
+        yield Listener(process, log)
     finally:
-        process.terminate()
-        process.wait(10)
+        if process.poll() is None:
+            process.terminate()
+            process.wait(10)
 
 
 @pytest.fixture
@@ -121,11 +133,11 @@ def hop(pem: Path, short_dir: Path, tmp_path: Path) -> Iterator[Hop]:
     """The front over TLS -> the engine host's listener over mutual TLS -> an engine stand-in on loopback."""
     certs, stranger_ca = _certificates(tmp_path)
     spec = _spec(tmp_path, certs)
-    with support.engines("a") as engines, _listener(spec, ENGINE_HOST, engines["a"].port, tmp_path / "a") as log:
+    with support.engines("a") as engines, _listener(spec, ENGINE_HOST, engines["a"].port, tmp_path / "a") as served:
         backends = [Backend(name=NAME, address=ENGINE_HOST, port=engines["a"].port, tls=True)]
         config = support.front_config(short_dir, pem, backends, **spec)
         with support.running(config, short_dir, ready=(NAME,)) as front:
-            yield Hop(front, engines["a"], log, certs, stranger_ca)
+            yield Hop(front, engines["a"], served.log, certs, stranger_ca)
 
 
 def _wait_listening(address: str, port: int, process: subprocess.Popen[bytes], log: Path) -> None:
@@ -199,14 +211,20 @@ def test_the_listener_and_its_unit_pass_the_real_checks_and_take_only_the_intern
 ) -> None:
     certs, _ = _certificates(tmp_path)
     spec = FrontSpec(**_spec(tmp_path, certs))
-    report = haproxy.check(listener.render(spec, address="10.0.0.11", port=8000))
-    assert "Configuration file is valid" in report
-    text = listener.render(spec, address="10.0.0.11", port=8000)
+    text = listener.render(spec, address="10.0.0.11", port=8000, drain_s=600)
+    assert "Configuration file is valid" in haproxy.check(text)
+    assert "hard-stop-after 600s" in text  # a stopped listener's requests in flight: 600 s at most
     assert "bind 10.0.0.11:8000 ssl crt" in text and "verify required" in text
     assert "server engine 127.0.0.1:8000" in text
     assert "ssl_c_s_dn(CN) -m str specdeploy-front" in text
     unit = cli("front", "listener", "cpu-rehearsal-container", "--unit").stdout
     assert "Type=notify" in unit and "ExecReload=/usr/sbin/haproxy -Ws -f $CONFIG -c -q" in unit
+    # stopped with the engine, before it, softly; started with it (`systemctl stop` loses no request)
+    drained = load_profile("cpu-rehearsal-container").migration.drain_timeout_s
+    for line in ("PartOf=specdeploy-engine.service", "KillSignal=SIGUSR1", f"TimeoutStopSec={int(drained) + 10}"):
+        assert line in unit.splitlines(), unit
+    assert "After=network-online.target specdeploy-engine.service" in unit
+    assert "WantedBy=multi-user.target specdeploy-engine.service" in unit
     for address, found in (("0.0.0.0", "a wildcard"), ("127.0.0.1", "a loopback address"), ("my host", "IP")):
         with pytest.raises(UsageError) as refused:
             listener.require_address(address)
@@ -246,18 +264,19 @@ VOID = pytest.param(
 )
 
 
-@pytest.mark.parametrize("death", ["closed", VOID])
-def test_after_a_cutover_new_s_engine_killed_every_later_request_is_served_by_old_kept_as_backup(
-    pem: Path, short_dir: Path, tmp_path: Path, death: str
-) -> None:
-    """Issue 35, item 4: OLD kept as a backup server until `migrate finish`. Two engine hosts (127.0.0.2,
-    127.0.0.3), each behind its listener; after the cutover (NEW in, OLD drained and out, OLD's backup
-    twin in) NEW's engine dies: its listener refuses the front's connections at once, the front takes
-    NEW out on the first refusal and sends the request again, to OLD's backup; every request after the
-    kill is answered, by OLD. Before the kill, OLD's backup took none. The engine dies two ways: its port
-    closed (connections refused), or its port swallowing connections (`void`: as podman's forwarded port
-    does for a moment after the container is killed, which left the migration chain's first wave after
-    the kill with 502s before the listener marked its engine down on the first failed connection)."""
+@dataclass
+class Cutover:
+    """Two engine hosts, OLD (127.0.0.2) and NEW (127.0.0.3), each behind its listener, after a cutover:
+    NEW in, OLD drained and out, OLD's backup twin in."""
+
+    engines: dict[str, support.EchoEngine]
+    listeners: dict[str, Listener]
+    front: support.Front
+    balancer: HAProxyBalancer
+
+
+@contextlib.contextmanager
+def _after_cutover(pem: Path, short_dir: Path, tmp_path: Path, *, token_s: float | None = None) -> Iterator[Cutover]:
     ca = tmp_path / "site-ca"
     certs = {
         "old": site_ca.issue(tmp_path / "old", ips=["127.0.0.2"], dns=["old"], ca_dir=ca),
@@ -271,9 +290,13 @@ def test_after_a_cutover_new_s_engine_killed_every_later_request_is_served_by_ol
     }
     with contextlib.ExitStack() as stack:
         engines = stack.enter_context(support.engines("old", "new"))
+        listeners = {}
         for name, address in (("old", "127.0.0.2"), ("new", "127.0.0.3")):
+            engines[name].token_s = token_s
             own = spec | {"listener_cert_path": str(site_ca.pem_bundle(certs[name], tmp_path / f"{name}.pem"))}
-            stack.enter_context(_listener(own, address, engines[name].port, tmp_path / f"listener-{name}"))
+            listeners[name] = stack.enter_context(
+                _listener(own, address, engines[name].port, tmp_path / f"listener-{name}")
+            )
         backends = [
             Backend(name="old", address="127.0.0.2", port=engines["old"].port, tls=True),
             Backend(name="new", address="127.0.0.3", port=engines["new"].port, state="maint", tls=True),
@@ -284,6 +307,23 @@ def test_after_a_cutover_new_s_engine_killed_every_later_request_is_served_by_ol
         front = stack.enter_context(support.running(config, short_dir, ready=("old",)))
         balancer = HAProxyBalancer(RuntimeApi(front.socket), drain_timeout_s=10, up_timeout_s=15, poll_s=0.05)
         cutover(balancer, new="new", old="old")
+        yield Cutover(engines, listeners, front, balancer)
+
+
+@pytest.mark.parametrize("death", ["closed", VOID])
+def test_after_a_cutover_new_s_engine_killed_every_later_request_is_served_by_old_kept_as_backup(
+    pem: Path, short_dir: Path, tmp_path: Path, death: str
+) -> None:
+    """Issue 35, item 4: OLD kept as a backup server until `migrate finish`. Two engine hosts (127.0.0.2,
+    127.0.0.3), each behind its listener; after the cutover (NEW in, OLD drained and out, OLD's backup
+    twin in) NEW's engine dies: its listener refuses the front's connections at once, the front takes
+    NEW out on the first refusal and sends the request again, to OLD's backup; every request after the
+    kill is answered, by OLD. Before the kill, OLD's backup took none. The engine dies two ways: its port
+    closed (connections refused), or its port swallowing connections (`void`: as podman's forwarded port
+    does for a moment after the container is killed, which left the migration chain's first wave after
+    the kill with 502s before the listener marked its engine down on the first failed connection)."""
+    with _after_cutover(pem, short_dir, tmp_path) as site, contextlib.ExitStack() as stack:
+        engines, front = site.engines, site.front
         served_before = len(engines["old"].requests())
         for _ in range(5):
             status, body = front.request("GET", "/v1/models")
@@ -295,5 +335,75 @@ def test_after_a_cutover_new_s_engine_killed_every_later_request_is_served_by_ol
         answers = [front.request("GET", "/v1/models", timeout=60) for _ in range(10)]
         assert [status for status, _ in answers] == [200] * 10, answers
         assert {json.loads(body)["backend"] for _, body in answers} == {"old"}
-        states = {s.name: s.status for s in balancer.status()}
+        states = {s.name: s.status for s in site.balancer.status()}
         assert states["new"].startswith("DOWN") and states["old--backup"].startswith("UP"), states
+
+
+@dataclass
+class Answered:
+    started: float
+    ended: float
+    backend: str | None  # the engine that answered; None: the request failed
+    detail: str
+
+
+def _streams(front: support.Front, stop: threading.Event, answered: list[Answered], max_tokens: int) -> None:
+    """Streamed chat requests through the front, one after the other, until `stop`: each recorded with
+    the engine that answered it, and counted as failed unless its stream ended with [DONE]."""
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            status, body = front.request(
+                "POST", "/v1/chat/completions", {"stream": True, "max_tokens": max_tokens}, timeout=60
+            )
+            done = status == 200 and body.rstrip().endswith(b"data: [DONE]")
+            backend = json.loads(body.split(b"data: ", 2)[1])["backend"] if done else None
+            detail = f"HTTP {status}, {len(body)} bytes"
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            backend, detail = None, f"{type(exc).__name__}: {exc}"
+        answered.append(Answered(started, time.monotonic(), backend, detail))
+
+
+def test_after_a_cutover_new_stopped_as_systemd_stops_it_loses_no_request_under_a_bounded_load(
+    pem: Path, short_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 35: `systemctl stop` of NEW's engine loses no request. What the listener's unit makes systemd
+    do (front/listener.py `render_unit`: PartOf= and After= the engine, KillSignal=SIGUSR1) is done here
+    to the real HAProxy: the listener soft-stopped first and waited for, then the engine stopped. Under
+    a bounded load of streamed answers (4 clients, each stream about 1.5 s): the streams NEW was serving
+    at the stop finish on NEW, every request started after it is answered by OLD's backup, none fails.
+    The same stop by systemd itself, on real hosts: tests/integration/test_migration.py."""
+    with _after_cutover(pem, short_dir, tmp_path, token_s=0.05) as site:
+        stop, answered = threading.Event(), []
+        clients = [threading.Thread(target=_streams, args=(site.front, stop, answered, 30)) for _ in range(4)]
+        for client in clients:
+            client.start()
+        try:
+            deadline = time.monotonic() + 30
+            while site.engines["new"].open_streams < 3:
+                assert time.monotonic() < deadline, answered
+                time.sleep(0.02)
+            stopped_at = time.monotonic()
+            site.listeners["new"].process.send_signal(signal.SIGUSR1)  # systemd: the listener first ...
+            site.listeners["new"].process.wait(15)
+            listener_gone = time.monotonic() - stopped_at
+            site.engines["new"].kill()  # ... then the engine
+            time.sleep(3)  # the load goes on: about two streams per client, all after the stop
+        finally:
+            stop.set()
+            for client in clients:
+                client.join(90)
+    in_flight = [a for a in answered if a.started < stopped_at < a.ended]
+    later = [a for a in answered if a.started >= stopped_at]
+    record = {
+        "sent": len(answered),
+        "in_flight_at_stop": len(in_flight),
+        "started_after_stop": len(later),
+        "listener_stopped_after_s": round(listener_gone, 2),
+    }
+    print(f"NEW stopped after cutover: {json.dumps(record)}")
+    assert [a for a in answered if a.backend is None] == [], (record, answered)
+    assert len(in_flight) >= 3 and {a.backend for a in in_flight} == {"new"}, (record, in_flight)
+    assert len(later) >= 4 and {a.backend for a in later} == {"old"}, (record, later)
+    # the listener waited for its streams (about 1.5 s), not for its bound (10 s)
+    assert listener_gone < 8, record

@@ -344,12 +344,17 @@ def front_listener(
     from specdeploy.front import haproxy, listener
     from specdeploy.profile import load_profile
 
-    if unit:
-        sys.stdout.write(listener.render_unit())
-        return
     loaded = load_profile(profile)
+    drain_s = loaded.migration.drain_timeout_s
+    if unit:
+        sys.stdout.write(listener.render_unit(drain_s))
+        return
     text = listener.render(
-        loaded.front, address=listener.require_address(address), port=loaded.engine.serve.port, profile=loaded.name
+        loaded.front,
+        address=listener.require_address(address),
+        port=loaded.engine.serve.port,
+        drain_s=drain_s,
+        profile=loaded.name,
     )
     if validate:
         haproxy.check(text)

@@ -65,9 +65,11 @@ def require_address(address: str) -> str:
     return str(parsed)
 
 
-def render(front: FrontSpec, *, address: str, port: int, profile: str | None = None) -> str:
+def render(front: FrontSpec, *, address: str, port: int, drain_s: float, profile: str | None = None) -> str:
     """The listener's haproxy.cfg: `address:port` over mutual TLS to the engine on 127.0.0.1:`port`
-    (`address` as `require_address` accepts it; a test may take another loopback address)."""
+    (`address` as `require_address` accepts it; a test may take another loopback address). `drain_s`:
+    how long a stopping listener lets the requests in flight through it finish (the profile's
+    migration.drain_timeout_s; `render_unit`)."""
     source = f" from profile {profile}" if profile else ""
     lines = [
         f"# The engine host's listener, rendered by `specdeploy front listener`{source}: do not edit by hand",
@@ -79,6 +81,9 @@ def render(front: FrontSpec, *, address: str, port: int, profile: str | None = N
         f"    chroot {front.chroot}",
         f"    maxconn {front.maxconn}",
         "    ssl-default-bind-options ssl-min-ver TLSv1.2",
+        "    # stopped (its unit's SIGUSR1, before the engine stops): it stops listening at once, so the front",
+        "    # sends new requests elsewhere, and lets those in flight finish for at most this long",
+        f"    hard-stop-after {duration(drain_s)}",
         "",
         "defaults",
         "    mode tcp",
@@ -116,17 +121,28 @@ def render(front: FrontSpec, *, address: str, port: int, profile: str | None = N
     return "\n".join(lines)
 
 
-def render_unit(config_path: str = str(layout.LISTENER_CONFIG), haproxy: str = HAPROXY_BIN) -> str:
+def render_unit(drain_s: float, config_path: str = str(layout.LISTENER_CONFIG), haproxy: str = HAPROXY_BIN) -> str:
     """The listener's systemd unit (Debian's haproxy.service, reduced): master-worker, notify, reload
-    checks the file first and keeps the connections in flight."""
+    checks the file first and keeps the connections in flight.
+
+    Bound to the engine's unit, so that `systemctl stop` of the engine loses no request (issue 35):
+    `PartOf=` stops (and restarts) the listener with the engine, and `After=` makes systemd stop the
+    listener first. Its stop is HAProxy's soft stop (SIGUSR1): it stops listening at once, the front's
+    connections are refused and it sends new requests to another server (OLD's backup after a
+    cutover), while the requests in flight finish on the engine, which still runs, for at most
+    `drain_s` (`hard-stop-after`); only then does the engine stop. `WantedBy=` the engine: starting
+    the engine starts its listener again."""
+    engine = f"{layout.UNIT_NAME}.service"
     return "\n".join(
         [
             "# Installed by specdeploy (ansible/roles/front/tasks/listener.yml): the engine host's listener,",
             "# the front's only way to the engine (docs/front.md). Rendered by `specdeploy front listener --unit`.",
             "[Unit]",
             "Description=specdeploy engine listener (mutual TLS from the front to the engine on loopback)",
-            "After=network-online.target",
+            f"After=network-online.target {engine}",
             "Wants=network-online.target",
+            "# stopped, and restarted, with the engine; stopped before it (After=): the requests in flight finish",
+            f"PartOf={engine}",
             "",
             "[Service]",
             "Type=notify",
@@ -135,12 +151,15 @@ def render_unit(config_path: str = str(layout.LISTENER_CONFIG), haproxy: str = H
             f"ExecStart={haproxy} -Ws -f $CONFIG -p $PIDFILE",
             f"ExecReload={haproxy} -Ws -f $CONFIG -c -q",
             "ExecReload=/bin/kill -USR2 $MAINPID",
+            "# a soft stop: no new connection, those in flight finish (hard-stop-after in the file bounds them)",
+            "KillSignal=SIGUSR1",
             "KillMode=mixed",
+            f"TimeoutStopSec={int(drain_s) + 10}",
             "Restart=always",
             "RestartSec=2",
             "",
             "[Install]",
-            "WantedBy=multi-user.target",
+            f"WantedBy=multi-user.target {engine}",
             "",
         ]
     )

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,18 +115,34 @@ def make_repo(mirrors: Path, repo_id: str, files: dict[str, bytes]) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
-def fixture_repositories() -> dict[str, Path]:
+def fixture_repositories(repos: Collection[str] | None = None) -> dict[str, Path]:
     """Repository -> fixture directory for the models of the cpu-rehearsal profile and the real model
-    with its drafter (cpu-rehearsal-smollm2), built or reused."""
-    built = archive.repositories(archive.build_all())
-    tiny = {ref.repo: built[ref.repo] for _, ref in models_of(load_profile(variants.BASE))}
-    return tiny | real_model.repositories()
+    with its drafter (cpu-rehearsal-smollm2), built or reused; with `repos`, only those (the others are
+    not built: the main job needs the real model alone, not the tiny ones trained for the chains)."""
+    tiny_repos = [ref.repo for _, ref in models_of(load_profile(variants.BASE))]
+    wanted = None if repos is None else set(repos)
+    found: dict[str, Path] = {}
+    if wanted is None or wanted & set(tiny_repos):
+        built = archive.repositories(archive.build_all())
+        found |= {repo: built[repo] for repo in tiny_repos}
+    if wanted is None or wanted - set(tiny_repos):
+        found |= real_model.repositories()
+    if wanted is None:
+        return found
+    if unknown := sorted(wanted - found.keys()):
+        raise HubError(
+            f"no fixture model is served as {', '.join(unknown)}: the rehearsal's hub serves "
+            f"{', '.join(sorted(found))}",
+            hint="name a repository of the cpu-rehearsal or cpu-rehearsal-smollm2 profile",
+        )
+    return {repo: path for repo, path in found.items() if repo in wanted}
 
 
-def mirror_fixtures(dest: Path) -> dict[str, str]:
-    """Make `dest` an olah mirrors-path holding the rehearsal's fixture models, one commit each
-    (repos already made from the same files are kept); returns repository -> commit."""
-    return {repo: _mirror(dest, repo, source) for repo, source in fixture_repositories().items()}
+def mirror_fixtures(dest: Path, repos: Collection[str] | None = None) -> dict[str, str]:
+    """Make `dest` an olah mirrors-path holding the rehearsal's fixture models (with `repos`, only
+    those), one commit each (repos already made from the same files are kept); returns repository ->
+    commit."""
+    return {repo: _mirror(dest, repo, source) for repo, source in fixture_repositories(repos).items()}
 
 
 def _mirror(mirrors: Path, repo_id: str, source: Path) -> str:
@@ -477,18 +493,30 @@ def serve_hub(
         stop_hub(name)
 
 
+def mirrors() -> Path:
+    """Where the hub's fixture repositories are kept (in the cache, across runs)."""
+    return cache_dir() / "hub" / "mirrors"
+
+
 @contextmanager
-def hub(*, token: str, gated: Sequence[str] | None = None, name: str = HUB_NAME, port: int = HUB_PORT) -> Iterator[Hub]:
-    """The rehearsal's hub for the duration of a `with` block: the fixture models
-    (mirror_fixtures, kept in the cache across runs), all gated unless `gated` names others,
-    served to holders of `token` — written to a private temporary file, removed at the end."""
+def hub(
+    *,
+    token: str,
+    gated: Sequence[str] | None = None,
+    repos: Collection[str] | None = None,
+    name: str = HUB_NAME,
+    port: int = HUB_PORT,
+) -> Iterator[Hub]:
+    """The rehearsal's hub for the duration of a `with` block: the fixture models (mirror_fixtures,
+    kept in the cache across runs; `repos`: at least those, the others not built), all gated unless
+    `gated` names others, served to holders of `token` — written to a private temporary file,
+    removed at the end."""
     root = cache_dir() / "hub"
-    mirrors = root / "mirrors"
-    commits = mirror_fixtures(mirrors)
+    commits = mirror_fixtures(mirrors(), repos)
     with tempfile.TemporaryDirectory(prefix="specdeploy-hub-token-") as secrets:
         token_file = Path(secrets) / "token"
         token_file.touch(mode=0o600)
         token_file.write_text(token + "\n")
         chosen = list(commits) if gated is None else gated
-        with serve_hub(mirrors, token_file, root / name, gated=chosen, name=name, port=port) as served:
+        with serve_hub(mirrors(), token_file, root / name, gated=chosen, name=name, port=port) as served:
             yield served
