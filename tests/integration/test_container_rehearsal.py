@@ -127,6 +127,10 @@ def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_
     for name in ("a6000-dflash", "a6000-dflash-stock", "a6000-mtp"):
         pinned = load_profile(name).host.packages  # type: ignore[union-attr]
         assert {pkg: pinned[pkg].value for pkg in installed} == installed, name
+    # issue 35: the state directory is root's, the engine's group reading it (0750); its reports too (0640)
+    report_file = DEFAULT.state / "runs" / report["run_id"] / "gate.json"
+    modes = host.ssh(f"stat -c '%a %U' {DEFAULT.state} {report_file}").stdout.splitlines()
+    assert modes == ["750 root", "640 root"], modes
     # the API key guards the API: 401 without it, 200 with it
     assert _status(rig, "/v1/models", key=None) == 401
     assert _status(rig, "/v1/models", key=API_KEY) == 200

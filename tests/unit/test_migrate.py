@@ -702,6 +702,67 @@ def test_cutover_through_a_site_hook_calls_add_drain_remove_and_counts_no_front_
     assert steps.front_door(m) == ["--socket", "/run/site/admin.sock"]
 
 
+def test_a_cutover_with_two_front_hosts_moves_traffic_on_both_and_drains_old_on_both_before_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35: a site with two front hosts (`--front A --front B`): every move is made on each, in
+    order; OLD is drained on both before either waits for its requests in flight (a front still
+    sending to OLD while the other waits would keep OLD busy). The real `specdeploy front` CLI on each
+    "front host" (this machine through invoke's local context) calls the site's hook; the move's steps
+    name the front each was made on."""
+    import shutil
+
+    import invoke
+
+    from specdeploy.migrate import steps
+    from specdeploy.migrate.hosts import HostAccess
+    from specdeploy.profile import resolve_profile_path
+
+    calls = tmp_path / "calls"
+    hook = tmp_path / "site-balancer"
+    hook.write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        'if [ "$1" = status ]; then\n'
+        '  echo \'[{"name": "old", "state": "maint"}, {"name": "new", "state": "ready"}]\'\nfi\n'
+    )
+    hook.chmod(0o755)
+    monkeypatch.setattr(steps, "CLI", str(Path(sys.executable).parent / "specdeploy"))
+
+    def access(name: str) -> HostAccess:
+        return HostAccess(name, "127.0.0.1", 22, None, None, "127.0.0.1", False)
+
+    m = steps.Migration(
+        site=tmp_path, inventory=tmp_path / "hosts.ini", old=access("old"), new=access("new"),
+        front=access("front-a"), other_fronts=[access("front-b")], front_hook=str(hook),
+    )  # fmt: skip
+    for name in ("front-a", "front-b"):
+        m._connections[name] = invoke.Context()
+    rec = record.MigrationRecord(old="old", new="new")
+    rec.profile = "cpu-rehearsal"
+    (m.workdir / "profiles").mkdir(parents=True)
+    shutil.copy(resolve_profile_path("cpu-rehearsal"), m.workdir / "profiles" / "cpu-rehearsal.yaml")
+    details = steps.cutover(m, rec)
+    moves = [line for line in calls.read_text().splitlines() if line != "status"]
+    assert moves == [
+        "add new", "add new",
+        "drain old", "drain old",  # both fronts stop sending to OLD ...
+        "drain old", "drain old",  # ... then each waits for its own in flight
+        "remove old", "remove old",
+    ], moves  # fmt: skip
+    assert [(s["step"], s["front"]) for s in details["steps"]] == [
+        ("enable", "front-a"), ("enable", "front-b"), ("drain", "front-a"), ("drain", "front-b"),
+        ("disable", "front-a"), ("disable", "front-b"),
+    ]  # fmt: skip
+    assert rec.traffic_on == "new" and details["failed_requests_at_front"] is None
+
+
+def test_the_same_front_named_twice_or_an_engine_host_as_a_front_is_refused(cli: Any, tmp_path: Path) -> None:
+    for fronts in (["front", "front"], ["front", "new"]):
+        argv = [a for name in fronts for a in ("--front", name)]
+        result = cli("migrate", "cutover", "--from", "old", "--to", "new", "-i", tmp_path / "absent.ini", *argv)
+        assert result.exit_code == 2 and "expected distinct front hosts" in result.output, result.output
+
+
 def test_a_socket_and_a_hook_together_are_refused_before_anything_is_read(cli: Any, tmp_path: Path) -> None:
     result = cli(
         "migrate", "cutover", "--from", "old", "--to", "new", "-i", tmp_path / "absent.ini", "--front", "front",

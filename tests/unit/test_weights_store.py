@@ -199,3 +199,18 @@ def test_what_the_last_archive_delivered_is_never_pruned(tmp_path: Path) -> None
     store.serve(PROFILE, host, Lock(host.lock))
     _passing_run(host, "run-1", "2026-12-01T00:01:00+00:00")
     assert store.prune(host, keep=1) == [] and other.is_dir()
+
+
+def test_git_s_blob_id_of_a_file_of_several_chunks_equals_git_s_own(tmp_path: Path) -> None:
+    """Issue 35: a small file's hash on the hub is git's blob id; the fetch computes it streamed (a
+    file listed as small may be large on disk: reading it whole would take the host's memory). Checked
+    against the real `git hash-object` on a file of several chunks, and on an empty one."""
+    import subprocess
+
+    from specdeploy.weights.fetch import git_blob_id
+
+    for name, data in (("big", os.urandom(3 * (1 << 20) + 7)), ("empty", b"")):
+        path = tmp_path / name
+        path.write_bytes(data)
+        git = subprocess.run(["git", "hash-object", str(path)], capture_output=True, text=True, check=True)
+        assert git_blob_id(path) == git.stdout.strip(), name

@@ -9,7 +9,9 @@ one line naming the command and the exception, with exit code 70 (`--debug` or
 
 from __future__ import annotations
 
+import contextlib
 import traceback
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -121,6 +123,18 @@ def one_balancer(socket: Path | None, hook: Path | None, *, hook_flag: str) -> N
             f"--socket {socket} and {hook_flag} {hook} name two balancers: expected one",
             hint=f"--socket for the front's HAProxy (or neither: its default socket), {hook_flag} for a site's own",
         )
+
+
+def writing(what: str, *, state_dir: str | None = None, check: bool = False) -> AbstractContextManager[None]:
+    """The host's deploy lock around a verb that writes the host (core.deploylock): the verb's own for
+    its duration, refused while another run holds the host; nothing to take under the play that holds
+    it (its run id in SPECDEPLOY_DEPLOY_RUN), with --check, or where nothing was deployed (no state
+    directory)."""
+    from specdeploy.core import deploylock
+
+    if check:
+        return contextlib.nullcontext()
+    return deploylock.held(host_layout(state_dir=state_dir).state, what)
 
 
 def host_layout(

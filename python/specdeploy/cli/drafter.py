@@ -101,14 +101,15 @@ def write_config(
         )
     src = source or base.host_layout(models_dir).download(p.drafter.repo)
     try:
-        result = serving.write_serving_dir(
-            serving_dir,
-            p,
-            source_dir=src,
-            lock=base.lock_at(lock),
-            target_dir=target,
-            keeper=Keeper(rollback_dir, run_id) if rollback_dir is not None else None,
-        )
+        with base.writing(f"drafter write-config for run {run_id or '-'}"):
+            result = serving.write_serving_dir(
+                serving_dir,
+                p,
+                source_dir=src,
+                lock=base.lock_at(lock),
+                target_dir=target,
+                keeper=Keeper(rollback_dir, run_id) if rollback_dir is not None else None,
+            )
     except verify.VerificationFailed as exc:
         _print_report(exc.report, as_json)  # the table says which fields, the error what to do
         raise

@@ -176,7 +176,9 @@ def engine_venv_install(
     running one); prints JSON {"changed", "venv", "python", "archive_sha256"} for Ansible."""
     from specdeploy.engine import venv
 
-    output.emit(venv.install(archive, root, name, check=check).to_json(), True, lambda: None)
+    with base.writing(f"engine venv {name}", check=check):
+        installed = venv.install(archive, root, name, check=check)
+    output.emit(installed.to_json(), True, lambda: None)
 
 
 @engine_app.command("api-key")

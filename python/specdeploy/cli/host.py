@@ -157,7 +157,8 @@ def cdi_record(
     cannot tell the driver (or does not answer within --timeout seconds).
     """
     state = base.host_layout(state_dir=state_dir).state
-    stamp = cdi.record_running(spec, state, nvidia_smi, timeout=_timeout(timeout))
+    with base.writing("cdi record", state_dir=state_dir):
+        stamp = cdi.record_running(spec, state, nvidia_smi, timeout=_timeout(timeout))
     data = {**stamp.to_json(), "stamp": str(cdi.stamp_path(state))}
     output.emit(data, as_json, lambda: _fields_table("cdi record", data))
 

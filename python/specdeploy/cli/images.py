@@ -88,19 +88,20 @@ def image_ensure(
     Exit 0 when the image is present and its labels match, 1 when they do not.
     """
     p = load_profile(profile)
-    ensured = ensure.ensure(
-        p,
-        source=source,
-        lock=base.lock_at(lock),
-        context=context,
-        archive=archive,
-        base_archive=base_archive,
-        podman=podman,
-        driver_version=driver,
-        only_report=check,
-        cert_dir=cert_dir,
-        registry=registry,
-    )
+    with base.writing(f"image ensure of {p.name}", check=check):
+        ensured = ensure.ensure(
+            p,
+            source=source,
+            lock=base.lock_at(lock),
+            context=context,
+            archive=archive,
+            base_archive=base_archive,
+            podman=podman,
+            driver_version=driver,
+            only_report=check,
+            cert_dir=cert_dir,
+            registry=registry,
+        )
     bad = [r.__dict__ for r in ensured.labels if not r.ok]
     summary = {
         "changed": ensured.changed,

@@ -1,7 +1,7 @@
 """`specdeploy migrate`: move a serving deployment to a new host (docs/migration.md).
 
 One verb per step, driven from the controller: `migrate plan|prepare|verify|cutover|rollback|finish
---from OLD --to NEW -i INVENTORY [--front HOST]`. Each step checks its predecessors in the migration
+--from OLD --to NEW -i INVENTORY [--front HOST]...`. Each step checks its predecessors in the migration
 record (`<inventory dir>/migrations/OLD--NEW.json`), records its start and its end however it ends,
 prints a table (or `--json`) and exits 0 done, 1 a check failed (named, traffic where the record
 says), 2 bad input. Extra arguments after `--` go to `ansible-playbook deploy.yml` (the site's own
@@ -33,7 +33,13 @@ ToOpt = Annotated[str, typer.Option("--to", help="NEW: the inventory name of the
 InventoryOpt = Annotated[
     Path, typer.Option("--inventory", "-i", help="the site's inventory (its directory: lock, records)")
 ]
-FrontOpt = Annotated[str | None, typer.Option("--front", help="the inventory name of the front (HAProxy) host")]
+FrontOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--front",
+        help="the inventory name of the front (HAProxy) host; repeated for a site with several (each gets every move)",
+    ),
+]
 SocketOpt = Annotated[
     str | None,
     typer.Option(
@@ -97,7 +103,7 @@ def _step(
     old: str,
     new: str,
     inventory: Path,
-    front: str | None,
+    front: list[str] | None,
     door: tuple[str | None, str | None],
     vault: Path | None,
     deploy_args: list[str],
@@ -113,8 +119,14 @@ def _step(
             f"--from and --to name the same host ({old}): a migration moves between two",
             hint="--from names the host serving now, --to the one to move to",
         )
-    if front is not None:
-        record.check_host_name(front, "--front")
+    fronts = list(front or [])
+    for name in fronts:
+        record.check_host_name(name, "--front")
+    if len(set(fronts)) != len(fronts) or {old, new} & set(fronts):
+        raise UsageError(
+            f"--front {' --front '.join(fronts)}: expected distinct front hosts, neither OLD nor NEW",
+            hint="name each front (HAProxy) host once; OLD and NEW are engine hosts",
+        )
     socket, hook = door
     base.one_balancer(socket, hook, hook_flag="--front-hook")
     if options.get("seed_from") is not None:
@@ -135,12 +147,13 @@ def _step(
     def access(name: str) -> Any:
         return hosts.access(inventory, name, vault_password_file=vault)
 
-    front_access = access(front) if front else None
+    front_accesses = [access(name) for name in fronts]
+    front_access = front_accesses[0] if front_accesses else None
     if hook is None and socket is None and front_access is not None:  # the inventory's, as the roles read it
         hook = front_access.variables.get("front_hook") or None
     m = steps.Migration(
         site=site, inventory=inventory.resolve(), old=access(old), new=access(new),
-        front=front_access, front_socket=socket, front_hook=hook,
+        front=front_access, other_fronts=front_accesses[1:], front_socket=socket, front_hook=hook,
         vault_password_file=vault,
         deploy_args=deploy_args,
         progress=lambda text: output.err.print(f"{step}: {text}", highlight=False, markup=False),

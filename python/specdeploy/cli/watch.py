@@ -197,7 +197,8 @@ def watch_units(
     if print_only:
         sys.stdout.write("".join(f"# {unit.filename}\n{unit.text}\n" for unit in rendered))
         return
-    changed = units.install_units(rendered, dest, check=check)
+    with base.writing("watch units", state_dir=state_dir, check=check):
+        changed = units.install_units(rendered, dest, check=check)
     files = [str(dest / unit.filename) for unit in rendered]
     output.emit({"changed": changed, "files": files}, True, lambda: None)
 

@@ -82,18 +82,19 @@ def fetch(
         base_url = weights.endpoint_url(endpoint, origin="--endpoint")
     else:
         base_url = weights.endpoint_url(os.environ.get("HF_ENDPOINT"), origin="$HF_ENDPOINT")
-    results = weights.fetch(
-        p,
-        dest,
-        lock=base.lock_at(lock),
-        token=weights.read_token(token_file, from_stdin=token_stdin),
-        endpoint=base_url,
-        only=only,
-        timeout=timeout,
-        retries=retries,
-        ca_file=ca_file,
-        as_user=as_user,
-    )
+    with base.writing(f"weights fetch of {p.name}"):
+        results = weights.fetch(
+            p,
+            dest,
+            lock=base.lock_at(lock),
+            token=weights.read_token(token_file, from_stdin=token_stdin),
+            endpoint=base_url,
+            only=only,
+            timeout=timeout,
+            retries=retries,
+            ca_file=ca_file,
+            as_user=as_user,
+        )
 
     def table() -> Table:
         t = Table("repo", "revision", "files", "hashed now", "unchanged", "lock", title=f"fetch {p.name} -> {dest}")
@@ -122,7 +123,8 @@ def weights_serve(
 
     host = base.host_layout(models_dir, serving_dir)
     keeper = Keeper(rollback_dir, run_id) if rollback_dir is not None and not check else None
-    served = store.serve(load_profile(profile), host, base.lock_at(lock), keeper=keeper, check=check)
+    with base.writing(f"weights serve for run {run_id or '-'}", check=check):
+        served = store.serve(load_profile(profile), host, base.lock_at(lock), keeper=keeper, check=check)
     output.emit(served.to_json(), True, lambda: None)
 
 
@@ -150,9 +152,10 @@ def weights_access(
             hint="pass the fetch account's uid (`specdeploy facts`: fetch.uid)",
         )
     host = base.host_layout(models_dir, serving_dir)
-    changed = store.restrict_to_engine(
-        [host.models, host.serving], gid, check=check, owners={host.models: models_owner}
-    )
+    with base.writing("weights access", check=check):
+        changed = store.restrict_to_engine(
+            [host.models, host.serving], gid, check=check, owners={host.models: models_owner}
+        )
     output.emit({"changed": len(changed), "paths": changed[:20]}, True, lambda: None)
 
 
@@ -170,7 +173,10 @@ def weights_prune(
     from specdeploy.weights import store
 
     p = load_profile(profile)
-    removed = store.prune(base.host_layout(models_dir, serving_dir, state_dir), p.weights.keep_revisions, check=check)
+    with base.writing("weights prune", state_dir=state_dir, check=check):
+        removed = store.prune(
+            base.host_layout(models_dir, serving_dir, state_dir), p.weights.keep_revisions, check=check
+        )
     output.emit(
         {"removed": removed, "check": check},
         as_json,

@@ -4,7 +4,9 @@ Failure prevented: two plays against one host at once (two operators, a CI job a
 re-run started while the first still gates). The second play's first act is to recover an
 "interrupted" run — the first one's live run, under its gate: it restores the previous stack
 beneath a gate that is judging the new one, and both report nonsense. A `specdeploy` verb that
-writes the host (`rollback restore`, `gate`, `unit install`), run by hand in the middle of a
+writes the host (`rollback restore`, `gate`, `unit install`, `weights fetch|serve|prune|access`,
+`drafter write-config`, `image ensure`, `engine api-key|remove|venv`, `watch units`, `cdi record|keep`),
+run by hand in the middle of a
 play, does the same.
 
 The lock is a record (JSON: who holds it, since when, until when), written under an flock of
@@ -92,7 +94,15 @@ def _guarded(state: Path) -> Iterator[None]:
     """An flock on the state directory itself: one reader-writer of the record at a time, on this
     host, and no file of its own left behind (a verb by hand that ends leaves the state as it was)."""
     state = Path(state)
-    fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except PermissionError:
+        raise SpecdeployError(
+            f"cannot take this host's deploy lock: {state} is not open to this user (uid {os.getuid()}); "
+            "nothing was changed",
+            hint="run it as root (`sudo specdeploy ...`), as the deploy does: the lock keeps a deploy and a verb "
+            "by hand from writing the host at once",
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

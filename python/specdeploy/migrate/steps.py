@@ -65,6 +65,8 @@ class Migration:
     old: HostAccess
     new: HostAccess
     front: HostAccess | None = None
+    # the site's other front hosts (two HAProxies behind one address): every move is made on each
+    other_fronts: list[HostAccess] = field(default_factory=list)
     front_socket: str | None = None  # HAProxy's runtime socket on the front host (None: the front's default)
     front_hook: str | None = None  # or the site's own balancer: its hook on the front host (docs/front.md)
     vault_password_file: Path | None = None
@@ -72,6 +74,11 @@ class Migration:
     playbook_dir: Path | None = None
     progress: Callable[[str], None] = lambda message: None
     _connections: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fronts(self) -> list[HostAccess]:
+        """Every front host, the first one (--front's first) first; none without a front."""
+        return [self.front, *self.other_fronts] if self.front is not None else []
 
     @property
     def lock_path(self) -> Path:
@@ -138,20 +145,22 @@ def front_door(m: Migration) -> list[str]:
     return ["--socket", m.front_socket] if m.front_socket is not None else []
 
 
-def front_command(m: Migration, verb: str, server: str, *extra: str) -> dict[str, Any]:
-    """`specdeploy front VERB SERVER` on the front host, through its runtime socket."""
-    if m.front is None:
+def front_command(m: Migration, verb: str, server: str, *extra: str, front: HostAccess | None = None) -> dict[str, Any]:
+    """`specdeploy front VERB SERVER` on a front host (`front`, default the first), through its
+    runtime socket or the site's hook."""
+    front = front or m.front
+    if front is None:
         raise StepError(
             "no front host: cutover and rollback move traffic through the site's front door",
             hint="pass --front HOST (the inventory's HAProxy host; docs/front.md)",
         )
     argv = [CLI, "front", verb, *([server] if server else []), *front_door(m), *extra, "--json"]
-    done = run(m, m.front, argv, what=f"`specdeploy front {verb} {server}`".replace("  ", " "))
+    done = run(m, front, argv, what=f"`specdeploy front {verb} {server}`".replace("  ", " "))
     return json.loads(done.stdout) if done.stdout.strip() else {}
 
 
-def front_servers(m: Migration) -> dict[str, dict[str, Any]]:
-    shown = front_command(m, "status", "")
+def front_servers(m: Migration, front: HostAccess | None = None) -> dict[str, dict[str, Any]]:
+    shown = front_command(m, "status", "", front=front)
     return {s["name"]: s for s in shown.get("servers", [])}
 
 
@@ -327,14 +336,17 @@ def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     if problem := space_problem(m.new.name, new_layout.models.as_posix(), free=free, needed=missing):
         raise StepError(problem, hint="free space on NEW (or give its models directory a larger filesystem), then "
                         "plan again; nothing was copied")  # fmt: skip
-    servers = front_servers(m) if m.front is not None else {}
-    for host in (m.old, m.new):
-        if m.front is not None and host.name not in servers:
-            raise StepError(
-                f"the front ({m.front.name}) has no server {host.name}: traffic could not be moved to or from it",
-                hint="add both hosts to the front's backends (the inventory's engine group) and re-run "
-                f"`ansible-playbook deploy.yml -l {m.front.name} --tags front`; NEW stays in maint until cutover",
-            )
+    servers: dict[str, dict[str, Any]] = {}
+    for front in m.fronts:  # every front host must know both: each gets every move
+        servers = servers or front_servers(m, front)
+        known = front_servers(m, front) if front is not m.front else servers
+        for host in (m.old, m.new):
+            if host.name not in known:
+                raise StepError(
+                    f"the front ({front.name}) has no server {host.name}: traffic could not be moved to or from it",
+                    hint="add both hosts to the front's backends (the inventory's engine group) and re-run "
+                    f"`ansible-playbook deploy.yml -l {front.name} --tags front`; NEW stays in maint until cutover",
+                )
     return {
         "profile": profile.name,
         "old_report": report["run_id"],
@@ -539,14 +551,16 @@ def verify(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
 
 
 def front_failures(m: Migration) -> int | None:
-    """The front's own count of failed requests so far (5xx answers, connection and response errors);
-    None through a hook (the site's balancer keeps its own count)."""
-    return _failures(front_command(m, "status", ""))
+    """The fronts' own count of failed requests so far (5xx answers, connection and response errors),
+    every front host's together; None through a hook (the site's balancer keeps its own count)."""
+    return _failures([front_command(m, "status", "", front=front) for front in m.fronts])
 
 
-def _failures(shown: dict[str, Any]) -> int | None:
-    failures = shown.get("failures")
-    return None if failures is None else sum(int(v) for v in failures.values())
+def _failures(shown: list[dict[str, Any]]) -> int | None:
+    counts = [front.get("failures") for front in shown]
+    if not counts or any(failures is None for failures in counts):
+        return None
+    return sum(int(v) for failures in counts if failures is not None for v in failures.values())
 
 
 def _difference(after: int | None, before: int | None) -> int | None:
@@ -558,7 +572,9 @@ def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: Hos
     drained (its in-flight requests finish), `away` out. Times each step, and counts the requests
     the front saw fail meanwhile (its own counters, before and after)."""
     profile = load_profile(m.workdir / "profiles" / f"{rec.profile}.yaml")
-    before = front_command(m, "status", "")  # one look at the front: its failures so far, its servers
+    fronts = m.fronts
+    # one look at each front: its failures so far, its servers
+    before = [front_command(m, "status", "", front=front) for front in fronts]
     failed_before = _failures(before)
     started = time.monotonic()
     steps = []
@@ -571,22 +587,30 @@ def move(m: Migration, rec: record.MigrationRecord, *, to: HostAccess, away: Hos
     twin = backup_name(m.old.name)
     # HAProxy: OLD's backup twin serves while NEW is down, until `migrate finish` (a front rendered before
     # the twins existed has none: the move goes on without it, and says so)
-    has_twin = m.front_hook is None and twin in {server["name"] for server in before.get("servers", [])}
+    has_twin = m.front_hook is None and all(
+        twin in {server["name"] for server in shown.get("servers", [])} for shown in before
+    )
     if has_twin:
         plan.append(("enable", twin, ["--wait"]) if away is m.old else ("disable", twin, []))
     for verb, server, extra in plan:
-        at, t = time.time(), time.monotonic()
-        shown = front_command(m, verb, server, *extra)
-        steps.append(
-            {
-                "step": verb,
-                "server": server,
-                "at_unix": round(at, 3),  # when the step began: a load's own timeline can be set against it
-                "elapsed_s": round(time.monotonic() - t, 2),
-                "in_flight_before": shown.get("in_flight_before"),
-                "sessions_before": shown.get("sessions_before"),  # each server's, just before the change
-            }
-        )
+        if verb == "drain" and len(fronts) > 1:
+            # every front stops sending new requests to it first; then each waits for its own in flight
+            for front in fronts:
+                front_command(m, verb, server, "--no-wait", front=front)
+        for front in fronts:
+            at, t = time.time(), time.monotonic()
+            shown = front_command(m, verb, server, *extra, front=front)
+            steps.append(
+                {
+                    "step": verb,
+                    "server": server,
+                    "front": front.name,
+                    "at_unix": round(at, 3),  # when the step began: a load's own timeline can be set against it
+                    "elapsed_s": round(time.monotonic() - t, 2),
+                    "in_flight_before": shown.get("in_flight_before"),
+                    "sessions_before": shown.get("sessions_before"),  # each server's, just before the change
+                }
+            )
     rec.traffic_on = "new" if to is m.new else "old"
     return {
         "duration_s": round(time.monotonic() - started, 2),
@@ -614,7 +638,7 @@ def rollback(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
 
 
 def _new_in_front(m: Migration) -> bool:
-    return front_servers(m).get(m.new.name, {}).get("state") in ("ready", "drain")
+    return any(front_servers(m, front).get(m.new.name, {}).get("state") in ("ready", "drain") for front in m.fronts)
 
 
 def finish(m: Migration, rec: record.MigrationRecord, *, stop_old: bool) -> dict[str, Any]:
@@ -644,8 +668,9 @@ def finish(m: Migration, rec: record.MigrationRecord, *, stop_old: bool) -> dict
     # OLD's backup twin out first (the way back ends here), then decommission.yml drains OLD from the front
     # and takes it out (a fleet deploy since cutover may have put it back in): an engine the front still
     # sends to is never stopped
-    if m.front is not None and m.front_hook is None and backup_name(m.old.name) in front_servers(m):
-        front_command(m, "disable", backup_name(m.old.name))
+    for front in m.fronts if m.front_hook is None else []:
+        if backup_name(m.old.name) in front_servers(m, front):
+            front_command(m, "disable", backup_name(m.old.name), front=front)
     playbook_dir = m.playbook_dir or Path(__file__).resolve().parents[3] / "ansible"
     playbook = str(ansible_program("ansible-playbook", why=f"{m.old.name} cannot be decommissioned"))
     argv = [playbook, "decommission.yml", "-i", str(m.inventory), "-l", m.old.name]
