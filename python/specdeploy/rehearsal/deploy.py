@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,14 +240,28 @@ def pinned_profile(
     if profile.drafter is not None:
         patch["drafter"] = {"revision": pin(profile.drafter.repo)}
     if base is not None:
-        digest = {
-            "value": base[1],
-            "provenance": "rehearsal",
-            "source": "podman push --digestfile to the site registry",
-        }
-        patch["engine"] = {"image": {"base": {"name": base[0], "digest": digest}}}
+        patch |= _base_patch(base)
     pinned = variants.derive(profile, profile.name, patch)
     return variants.materialize(pinned, directory)
+
+
+def _base_patch(base: tuple[str, str]) -> dict[str, object]:
+    """The engine image's base as pushed to the site registry (name, digest), as a profile patch."""
+    digest = {"value": base[1], "provenance": "rehearsal", "source": "podman push --digestfile to the site registry"}
+    return {"engine": {"image": {"base": {"name": base[0], "digest": digest}}}}
+
+
+def _builder_lock(site_lock: Path, key: str) -> Any:
+    """The builder's own lock for build key `key` (its base digest and image ID), beside the site's
+    lock; the locks of other keys removed."""
+    from specdeploy.profile.lock import Lock
+
+    builder = site_lock.parent / "builder"
+    lock = Lock(builder / f"{key}.lock")
+    for stale in builder.glob("*.lock") if builder.is_dir() else []:
+        if stale != lock.path:
+            stale.unlink()
+    return lock
 
 
 def build_once(profile: Profile, *, wheels: Path, site: Any, site_lock: Path) -> str:
@@ -264,11 +278,7 @@ def build_once(profile: Profile, *, wheels: Path, site: Any, site_lock: Path) ->
 
     # the builder's own lock, one per build key (its base digest and image ID)
     key = engine_image.archive_key(profile, context=checkout(), wheels=wheels)
-    builder = site_lock.parent / "builder"
-    builder_lock = Lock(builder / f"{key}.lock")
-    for stale in builder.glob("*.lock") if builder.is_dir() else []:
-        if stale != builder_lock.path:
-            stale.unlink()
+    builder_lock = _builder_lock(site_lock, key)
     engine_image.build_on_controller(
         profile, context=checkout(), wheels=wheels, lock=builder_lock, cert_dir=site.cert_dir
     )
@@ -378,13 +388,23 @@ def _follow_fixture_pins(path: Path, profile: Profile) -> None:
         print(f"lock update: the fixtures' pins moved ({', '.join(c.pin for c in plan.changed)})", file=sys.stderr)
 
 
-def prepare(profile: Profile, repos: list[str]) -> tuple[Path, hosts.Host]:
+@dataclass(frozen=True)
+class Prepared:
+    wheels: Path
+    host: hosts.Host
+    site: Any  # registry.Registry
+    base: tuple[str, str]  # the engine image's base in the site registry: (name, digest)
+
+
+def prepare(profile: Profile, repos: list[str], *, site_lock: Path) -> Prepared:
     """What the play needs from this machine and nothing orders, made at once (issue 34: the main job
     within 15 min on a fresh machine; made one after the other they took about 8 min there): the
     wheelhouse (downloads), the host (its image debootstrapped, then booted), the registry, the hub's
     image and the engine image's base (each debootstrapped) and the hub's models (`repos`: the real
-    model's conversion). Each is reused when made before, and says when it is done and how long it
-    took; the first failure is raised once all have ended. Returns the wheelhouse and the host."""
+    model's conversion). The engine image is built as soon as its inputs are (the wheelhouse, the
+    registry, the base pushed there): it does not depend on the models' commits, so `build_once` later
+    finds it built (the same build key) and only pushes it. Each is reused when made before, and says
+    when it is done and how long it took; the first failure is raised once all have ended."""
     from specdeploy.rehearsal import engine_image, hub, registry
 
     hub.ensure_network()  # once, before the steps that join it
@@ -396,6 +416,20 @@ def prepare(profile: Profile, repos: list[str]) -> tuple[Path, hosts.Host]:
         "engine base image": lambda: engine_image.base_image(profile),
         "models": lambda: hub.mirror_fixtures(hub.mirrors(), repos),
     }
+    futures: dict[str, Future[Any]] = {}
+
+    def engine_image_built() -> tuple[str, str]:  # submitted last: its inputs' futures exist by then
+        wheels, site = futures["wheelhouse"].result(), futures["registry"].result()
+        futures["engine base image"].result()
+        base = engine_image.base_in_registry(profile, registry=site.address, cert_dir=site.cert_dir)
+        pinned = variants.derive(profile, profile.name, _base_patch(base))
+        key = engine_image.archive_key(pinned, context=checkout(), wheels=wheels)
+        engine_image.build_on_controller(
+            pinned, context=checkout(), wheels=wheels, lock=_builder_lock(site_lock, key), cert_dir=site.cert_dir
+        )
+        return base
+
+    steps["engine image"] = engine_image_built
     started = time.monotonic()
 
     def timed(name: str, step: Callable[[], Any]) -> Any:
@@ -405,12 +439,18 @@ def prepare(profile: Profile, repos: list[str]) -> tuple[Path, hosts.Host]:
             print(f"prepare: {name} done after {time.monotonic() - started:.0f} s", file=sys.stderr)
 
     with ThreadPoolExecutor(max_workers=len(steps), thread_name_prefix="prepare") as pool:
-        futures = {name: pool.submit(timed, name, step) for name, step in steps.items()}
+        for name, step in steps.items():
+            futures[name] = pool.submit(timed, name, step)
         wait(futures.values())
     for future in futures.values():
         if (error := future.exception()) is not None:
             raise error
-    return futures["wheelhouse"].result(), futures["rehearsal host"].result()
+    return Prepared(
+        futures["wheelhouse"].result(),
+        futures["rehearsal host"].result(),
+        futures["registry"].result(),
+        futures["engine image"].result(),
+    )
 
 
 @dataclass
@@ -424,21 +464,20 @@ def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) 
     """Deploy cpu-rehearsal-smollm2 to the disposable host (booted when missing) with its weights
     from the gated hub, and read this run's gate report. `patch`: deploy a variant of the profile
     instead (benchmarks/rehearsal_deploy.py deploys one whose gate fails, to time a rollback)."""
-    from specdeploy.rehearsal import engine_image, hub, registry
+    from specdeploy.rehearsal import hub
 
     check_controller()
     profile = load_profile(PROFILE)
     repos = [model.repo for _, model in models_of(profile)]
-    wheels, target = prepare(profile, repos)
     state = cache_dir() / "rehearsal-host"
+    prepared = prepare(profile, repos, site_lock=state / SITE_LOCK)
+    wheels, target, site = prepared.wheels, prepared.host, prepared.site
     (state / "secrets.json").unlink(missing_ok=True)  # the plain vars file of earlier versions
     kept = rehearsal_vault(state / "secrets")
     token = kept.values()["weights_hf_token"]
-    site = registry.start_registry()
     gated = [model.repo for _, model in models_of(profile) if model.gated]
     with hub.hub(token=token, gated=gated, repos=repos) as served:
-        base = engine_image.base_in_registry(profile, registry=site.address, cert_dir=site.cert_dir)
-        profiles = pinned_profile(profile, served.commits, state / "profiles", base=base).parent
+        profiles = pinned_profile(profile, served.commits, state / "profiles", base=prepared.base).parent
         if patch:
             variant = variants.derive(load_profile(profiles / f"{PROFILE}.yaml"), PROFILE, patch)
             profiles = variants.materialize(variant, state / "profiles-variant").parent
