@@ -651,14 +651,11 @@ def test_a_host_s_inventory_variables_never_show_in_its_repr_or_json() -> None:
 # --------------------------------------------------------------------------- a site's own balancer
 
 
-def test_cutover_through_a_site_hook_calls_add_drain_remove_and_counts_no_front_failures(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`migrate cutover` with the site's own balancer (`--front-hook`, or the front host's `front_hook`):
-    the real `specdeploy front` CLI on the "front host" — this machine, reached through invoke's local
-    context, the runner Fabric's SSH connection extends — calls the hook: add NEW, drain OLD, remove
-    OLD, in that order. Traffic is then on NEW; the failed requests are not counted (None, never a
-    0 nobody measured): the hook's balancer keeps its own."""
+def _hook_cutover(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fronts: list[str]) -> tuple[Any, Any, Any, Path]:
+    """`migrate cutover` through the site's own balancer on the front hosts `fronts` (each this machine,
+    reached through invoke's local context, the runner Fabric's SSH connection extends): the real
+    `specdeploy front` CLI there calls the hook, which writes each call to a file. Returns the
+    migration, its record, the cutover's details and the calls file."""
     import shutil
 
     import invoke
@@ -682,20 +679,33 @@ def test_cutover_through_a_site_hook_calls_add_drain_remove_and_counts_no_front_
 
     m = steps.Migration(
         site=tmp_path, inventory=tmp_path / "hosts.ini", old=access("old"), new=access("new"),
-        front=access("front"), front_hook=str(hook),
+        front=access(fronts[0]), other_fronts=[access(name) for name in fronts[1:]], front_hook=str(hook),
     )  # fmt: skip
-    m._connections["front"] = invoke.Context()
+    for name in fronts:
+        m._connections[name] = invoke.Context()
     rec = record.MigrationRecord(old="old", new="new")
     rec.profile = "cpu-rehearsal"
     (m.workdir / "profiles").mkdir(parents=True)
     shutil.copy(resolve_profile_path("cpu-rehearsal"), m.workdir / "profiles" / "cpu-rehearsal.yaml")
-    details = steps.cutover(m, rec)
+    return m, rec, steps.cutover(m, rec), calls
+
+
+def test_cutover_through_a_site_hook_calls_add_drain_remove_and_counts_no_front_failures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`migrate cutover` with the site's own balancer (`--front-hook`, or the front host's `front_hook`):
+    the real `specdeploy front` CLI on the "front host" calls the hook: add NEW, drain OLD, remove
+    OLD, in that order. Traffic is then on NEW; the failed requests are not counted (None, never a
+    0 nobody measured): the hook's balancer keeps its own."""
+    from specdeploy.migrate import steps
+
+    m, rec, details, calls = _hook_cutover(tmp_path, monkeypatch, ["front"])
     assert [line for line in calls.read_text().splitlines() if line != "status"] == [
         "add new", "drain old", "remove old"
     ]  # fmt: skip
     assert [s["step"] for s in details["steps"]] == ["enable", "drain", "disable"]
     assert details["failed_requests_at_front"] is None and rec.traffic_on == "new"
-    assert steps.front_door(m) == ["--hook", str(hook)]
+    assert steps.front_door(m) == ["--hook", m.front_hook]
     m.front_hook = None
     assert steps.front_door(m) == []  # HAProxy's socket: the front's own default
     m.front_socket = "/run/site/admin.sock"
@@ -707,41 +717,9 @@ def test_a_cutover_with_two_front_hosts_moves_traffic_on_both_and_drains_old_on_
 ) -> None:
     """Issue 35: a site with two front hosts (`--front A --front B`): every move is made on each, in
     order; OLD is drained on both before either waits for its requests in flight (a front still
-    sending to OLD while the other waits would keep OLD busy). The real `specdeploy front` CLI on each
-    "front host" (this machine through invoke's local context) calls the site's hook; the move's steps
-    name the front each was made on."""
-    import shutil
-
-    import invoke
-
-    from specdeploy.migrate import steps
-    from specdeploy.migrate.hosts import HostAccess
-    from specdeploy.profile import resolve_profile_path
-
-    calls = tmp_path / "calls"
-    hook = tmp_path / "site-balancer"
-    hook.write_text(
-        f'#!/bin/sh\necho "$*" >> {calls}\n'
-        'if [ "$1" = status ]; then\n'
-        '  echo \'[{"name": "old", "state": "maint"}, {"name": "new", "state": "ready"}]\'\nfi\n'
-    )
-    hook.chmod(0o755)
-    monkeypatch.setattr(steps, "CLI", str(Path(sys.executable).parent / "specdeploy"))
-
-    def access(name: str) -> HostAccess:
-        return HostAccess(name, "127.0.0.1", 22, None, None, "127.0.0.1", False)
-
-    m = steps.Migration(
-        site=tmp_path, inventory=tmp_path / "hosts.ini", old=access("old"), new=access("new"),
-        front=access("front-a"), other_fronts=[access("front-b")], front_hook=str(hook),
-    )  # fmt: skip
-    for name in ("front-a", "front-b"):
-        m._connections[name] = invoke.Context()
-    rec = record.MigrationRecord(old="old", new="new")
-    rec.profile = "cpu-rehearsal"
-    (m.workdir / "profiles").mkdir(parents=True)
-    shutil.copy(resolve_profile_path("cpu-rehearsal"), m.workdir / "profiles" / "cpu-rehearsal.yaml")
-    details = steps.cutover(m, rec)
+    sending to OLD while the other waits would keep OLD busy); the move's steps name the front each
+    was made on."""
+    _, rec, details, calls = _hook_cutover(tmp_path, monkeypatch, ["front-a", "front-b"])
     moves = [line for line in calls.read_text().splitlines() if line != "status"]
     assert moves == [
         "add new", "add new",
