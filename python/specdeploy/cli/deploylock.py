@@ -81,13 +81,11 @@ def acquire(
 
 @lock_app.command("release")
 def release(run_id: RunOpt, state_dir: base.StateDirOpt = None, as_json: base.JsonOpt = False) -> None:
-    """Give the host back from RUN-ID (nothing happens when another run, or nobody, holds it, or when
-    the state directory is gone: decommission.yml's `decommission_delete_state` removes it, lock and all)."""
+    """Give the host back from RUN-ID (nothing happens when another run, or nobody, holds it)."""
     check_run_id(run_id)
-    state = base.host_layout(state_dir=state_dir).state
-    gone = not state.is_dir()
-    released = None if gone else deploylock.release(state, run_id)
-    holder = None if gone else deploylock.current(state)
+    state = _state(state_dir)
+    released = deploylock.release(state, run_id)
+    holder = deploylock.current(state)
     data = {"released": released.to_json() if released else None, "holder": holder.to_json() if holder else None}
 
     def show() -> None:
