@@ -4,7 +4,6 @@ the drafter is wired as the profile says."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 from pathlib import Path
@@ -102,8 +101,7 @@ def unit_install(
     # `--check` (ansible-playbook --check) may name the image `image ensure --check` would still provide
     unit = _render(profile, image, host, str(copy) if copy else None, python, placeholder_ok=check)
     units.require_unit_dir(dest, unit.filename, check=check)
-    guard = contextlib.nullcontext() if check else deploylock.held(host.state, f"unit install for run {run_id or '-'}")
-    with guard:
+    with base.writing(f"unit install for run {run_id or '-'}", state_dir=state_dir, check=check):
         if source is not None and not check:
             units.keep_profile_copy(source, host)
         keeper = Keeper(rollback_dir, run_id) if keep and rollback_dir is not None else None
@@ -230,7 +228,7 @@ def engine_remove(
     from specdeploy.engine import remove
 
     host = base.host_layout(state_dir=state_dir)
-    with contextlib.nullcontext() if check else deploylock.held(host.state, "engine remove (decommission)"):
+    with base.writing("engine remove (decommission)", state_dir=state_dir, check=check):
         done = remove.remove(load_profile(profile), host, unit_file=unit_file, podman=podman, check=check)
     output.emit(done.to_json(), True, lambda: None)
     if done.problems:
