@@ -127,10 +127,11 @@ def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_
     for name in ("a6000-dflash", "a6000-dflash-stock", "a6000-mtp"):
         pinned = load_profile(name).host.packages  # type: ignore[union-attr]
         assert {pkg: pinned[pkg].value for pkg in installed} == installed, name
-    # issue 35: the state directory is root's, the engine's group reading it (0750); its reports too (0640)
+    # issue 35: the state directory is root's, the light gate's group entering it (0750); its reports
+    # root's alone to read (0640, root's group)
     report_file = DEFAULT.state / "runs" / report["run_id"] / "gate.json"
-    modes = host.ssh(f"stat -c '%a %U' {DEFAULT.state} {report_file}").stdout.splitlines()
-    assert modes == ["750 root", "640 root"], modes
+    modes = host.ssh(f"stat -c '%a %U %G' {DEFAULT.state} {report_file}").stdout.splitlines()
+    assert modes == [f"750 root {layout.WATCH_USER}", "640 root root"], modes
     # the API key guards the API: 401 without it, 200 with it
     assert _status(rig, "/v1/models", key=None) == 401
     assert _status(rig, "/v1/models", key=API_KEY) == 200
@@ -139,6 +140,29 @@ def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_
     assert again.returncode == 0, again.stdout[-4000:]
     assert second is not None and second["verdict"] == "pass"
     assert deploy.changed_tasks(again.stdout) == []
+
+
+def test_the_light_gate_runs_as_its_own_account_with_the_key_as_a_systemd_credential(rig: Rig) -> None:
+    """Issue 35, item 6: the light gate's service runs as its own account, never root. Started as its
+    timer starts it, it passes against the keyed container stack: the API key reached it as a systemd
+    credential of the root-only key file (which that account cannot read, nor a gate report), and what
+    it wrote is its account's."""
+    host, service = rig.host, layout.WATCH_UNIT_FILES["service"].name
+    done = host.ssh(f"systemctl start {service}", check=False)
+    journal = host.ssh(f"journalctl -u {service} --no-pager -n 60", check=False).stdout
+    assert done.returncode == 0, done.stdout + done.stderr + journal
+    result = json.loads(host.ssh(f"cat {DEFAULT.watch_result}").stdout)
+    assert result["verdict"] == "pass", result["message"]
+    unit = host.ssh(f"systemctl cat {service}").stdout
+    key = load_profile(PROFILE).engine.serve.api_key
+    assert key is not None and f"User={layout.WATCH_USER}" in unit
+    assert f"LoadCredential={key.secret}:{DEFAULT.secret_file(key.secret)}" in unit
+    owners = host.ssh(f"stat -c '%U %a' {DEFAULT.watch} {DEFAULT.watch_result} {DEFAULT.watch_counters}").stdout
+    assert owners.splitlines() == [f"{layout.WATCH_USER} {mode}" for mode in ("750", "640", "640")], owners
+    verified = host.ssh(f"readlink -f {DEFAULT.verified}").stdout.strip()
+    for secret in (str(DEFAULT.secret_file(key.secret)), f"{verified}/gate.json"):
+        denied = host.ssh(f"runuser -u {layout.WATCH_USER} -- cat {secret}", check=False)
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr, (secret, denied.stderr)
 
 
 def test_the_engine_image_built_on_the_host_holds_the_same_files_as_the_one_built_on_the_controller(

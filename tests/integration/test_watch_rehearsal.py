@@ -54,12 +54,16 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = layout.HostLayout()
 CLI = layout.InstallLayout().to_json()["cli"]
 HOOK = "/usr/local/bin/specdeploy-test-hook"
-HOOK_LOG = "/var/log/specdeploy-test-hook.log"
+# where the hook, run as the light gate's account, may write (/var/tmp is the service's own: PrivateTmp)
+HOOK_DIR = "/var/lib/specdeploy-test-hook"
+HOOK_LOG = f"{HOOK_DIR}/log"
 HOOK_ARGS = ["--severity", "page"]
 TEXTFILE = layout.DEFAULT_TEXTFILE
 SERVICE, TIMER = layout.WATCH_UNIT_FILES["service"].name, layout.WATCH_UNIT_FILES["timer"].name
 # The hook a site would install (paging, a ticket): here it records its argv and environment.
-HOOK_SCRIPT = f'#!/bin/sh\n{{ echo "argv: $*"; env | sed "s/^/env: /"; echo "--"; }} >> {HOOK_LOG}\n'
+HOOK_SCRIPT = (
+    f'#!/bin/sh\n{{ echo "argv: $*"; echo "user: $(id -un)"; env | sed "s/^/env: /"; echo "--"; }} >> {HOOK_LOG}\n'
+)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +146,7 @@ def test_the_watch_stage_installs_the_light_gate_timer_with_the_profile_s_interv
     hook = tmp_path / "hook"
     hook.write_text(HOOK_SCRIPT)
     _put(host, hook, HOOK)
-    host.ssh(f"chmod 0755 {HOOK}")
+    host.ssh(f"chmod 0755 {HOOK} && install -d -o {layout.WATCH_USER} -m 0755 {HOOK_DIR}")
     run = _playbook(host, rehearsal_wheelhouse, rehearsal_weights, profile, "--tags", "watch")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "watch : Write the light gate's host settings (textfile, failure hook)" in deploy.changed_tasks(run.stdout)
@@ -172,6 +176,9 @@ def test_the_light_gate_service_runs_once_and_writes_its_result_and_textfile(hos
     assert _check(result, "acceptance")["status"] in ("pass", "skipped")
     assert result["textfile"] == {"path": str(TEXTFILE), "written": True, "error": None}
     assert result["hook"] is None and host.ssh(f"test -e {HOOK_LOG} || echo none").stdout.strip() == "none"
+    # issue 35: it ran as its own account, never root, and what it wrote is that account's
+    owners = host.ssh(f"stat -c %U {DEFAULT.watch_result} {TEXTFILE}").stdout.split()
+    assert owners == [layout.WATCH_USER, layout.WATCH_USER], owners
 
     families = _families(host.ssh(f"cat {TEXTFILE}").stdout)
     assert _one(families, "specdeploy_watch_failed", profile=str(profile)) == 0
@@ -269,6 +276,7 @@ def test_a_collapsed_stack_makes_the_next_light_gate_fail_and_the_hook_run(
     log = host.ssh(f"cat {HOOK_LOG}").stdout
     assert log.count("argv: ") == 1 and f"argv: {' '.join(HOOK_ARGS)} {DEFAULT.watch_result}" in log, log
     assert "env: SPECDEPLOY_WATCH_VERDICT=fail" in log and not [key for key in _keys(host) if key in log]
+    assert f"user: {layout.WATCH_USER}\n" in log, log  # the light gate's account, not root (issue 35)
     assert result["hook"]["ok"] is True
 
     # it never restarted or rolled back anything: the same engine run, unit and drafter

@@ -36,7 +36,8 @@ def _play(tmp_path: Path, **extra: Any) -> tuple[subprocess.CompletedProcess[str
     facts = deploy_facts(load_profile("cpu-rehearsal"), host, layout.InstallLayout(root=tmp_path / "opt"))
     facts["install"]["cli"] = str(BIN / "specdeploy")
     facts["profile"]["file"] = str(resolve_profile_path("cpu-rehearsal"))
-    facts["watch"] |= {"unit_dir": str(tmp_path / "systemd"), "timer": NO_SUCH_TIMER}
+    # this machine has no light-gate account: the role gives its directory to root here
+    facts["watch"] |= {"unit_dir": str(tmp_path / "systemd"), "timer": NO_SUCH_TIMER, "user": "root"}
     playbook = tmp_path / "watch.yml"
     playbook.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles: [watch]\n")
     variables = tmp_path / "vars.json"
@@ -70,6 +71,8 @@ def test_the_watch_role_writes_the_settings_the_rules_and_the_units_from_the_pro
     service = (tmp_path / "systemd" / "specdeploy-watch.service").read_text()
     timer = (tmp_path / "systemd" / "specdeploy-watch.timer").read_text()
     assert f"ExecStart={BIN / 'specdeploy'} watch run --state-dir {tmp_path / 'host'}" in service
+    # its own account, never root (test_watch.py: the key as a credential, for a profile with one)
+    assert "User=specdeploy-watch\nGroup=specdeploy-watch\n" in service and "LoadCredential" not in service
     assert f"OnUnitActiveSec={load_profile('cpu-rehearsal').watch.interval_s}" in timer
 
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -31,6 +33,7 @@ from typer.testing import CliRunner
 
 from specdeploy.cli import app
 from specdeploy.core import layout
+from specdeploy.core.errors import InputFileError
 from specdeploy.profile import load_profile, resolve_profile_path
 from specdeploy.smoke import metrics
 from specdeploy.watch import counters, hook, textfile, units
@@ -600,8 +603,60 @@ def test_the_units_run_the_light_gate_at_the_profile_s_interval_with_no_secret(t
     assert service.filename == "specdeploy-watch.service" and timer.filename == "specdeploy-watch.timer"
     assert f'ExecStart=/opt/specdeploy/venv/bin/specdeploy watch run --state-dir "{tmp_path}/state dir"' in service.text
     assert "Type=oneshot" in service.text and "TimeoutStartSec=660" in service.text
-    assert "Environment" not in service.text and "key" not in service.text.lower()
+    # its own account, never root; the key reaches it as a credential systemd reads from the root-only
+    # file: the unit names the file, never holds the key
+    assert "User=specdeploy-watch\nGroup=specdeploy-watch\nSupplementaryGroups=systemd-journal\n" in service.text
+    assert profile.engine.serve.api_key is not None
+    secret = profile.engine.serve.api_key.secret
+    keyed = [line for line in service.text.splitlines() if "key" in line.lower()]
+    assert keyed == [f"LoadCredential={secret}:{tmp_path}/state dir/secrets/{secret}"], keyed
+    assert "Environment" not in service.text
     assert f"OnUnitActiveSec={profile.watch.interval_s}" in timer.text and "WantedBy=timers.target" in timer.text
     changed = units.install_units([service, timer], tmp_path / "units")
     assert changed == [str(tmp_path / "units" / u.filename) for u in (service, timer)]
     assert units.install_units([service, timer], tmp_path / "units") == []  # a re-run changes nothing
+
+
+def test_a_hook_the_light_gate_s_account_cannot_run_is_refused_naming_the_mode(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The light gate runs the hook as its own account (issue 35): a root-owned hook that account cannot
+    run (0750, root's group) is found by `watch check`, run as root, before the first failure it was meant
+    to report. Checked against a real account of this machine (nobody) standing in for specdeploy-watch."""
+    monkeypatch.setattr(layout, "WATCH_USER", "nobody")
+    top = Path(tempfile.mkdtemp(dir="/var/tmp"))  # pytest's own tmp_path is 0700 up the tree
+    request.addfinalizer(lambda: shutil.rmtree(top))
+    top.chmod(0o755)
+    hooks = top / "hooks"
+    hooks.mkdir()
+    program = hooks / "page-oncall"
+    program.write_text("#!/bin/sh\nexit 0\n")
+    program.chmod(0o750)
+    with pytest.raises(InputFileError, match=r"page-oncall \(mode 0o750\) is not runnable") as info:
+        hook.check_hook([str(program)], "settings")
+    assert "nobody" in info.value.message and info.value.hint is not None and "o+rx" in info.value.hint
+    program.chmod(0o755)
+    hooks.chmod(0o750)  # the program is, its directory is not searchable by the account
+    with pytest.raises(InputFileError, match=r"hooks \(mode 0o750\) is not searchable"):
+        hook.check_hook([str(program)], "settings")
+    hooks.chmod(0o755)
+    assert hook.check_hook([str(program), "--team", "x"], "settings") == (str(program), "--team", "x")
+
+
+def test_a_light_gate_run_by_root_leaves_its_files_to_the_account_that_owns_its_directory(tmp_path: Path) -> None:
+    """`migrate finish` and a person run the light gate as root; the timer runs it as its own account
+    (issue 35). What root's run writes in the light gate's directory (its lock, its result) goes to the
+    directory's owner, or the timer's next run could not take the lock. A real chown, to nobody."""
+    assert os.geteuid() == 0, "this test gives files away: it runs as root (as CI does)"
+    host = layout.HostLayout.of(state=tmp_path / "state")
+    host.watch.mkdir(parents=True)
+    os.chown(host.watch, 65534, 65534)
+    with watch._lock(host.watch_lock):
+        pass
+    watch._write(host, watch.WatchResult(state=str(host.state), started_unix=1.0))
+    owners = {p.name: (p.stat().st_uid, p.stat().st_gid) for p in (host.watch_lock, host.watch_result)}
+    assert owners == {"lock": (65534, 65534), "result.json": (65534, 65534)}
+    os.chown(host.watch, 0, 0)  # a directory root owns (a checkout's): root's files stay root's
+    host.watch_result.unlink()
+    watch._write(host, watch.WatchResult(state=str(host.state), started_unix=2.0))
+    assert host.watch_result.stat().st_uid == 0

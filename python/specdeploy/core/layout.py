@@ -61,6 +61,12 @@ ENGINE_UID = 10001
 # its primary group the engine's (what it writes the engine reads); never root (issue 35).
 FETCH_USER = "specdeploy-fetch"
 FETCH_UID = 10002
+# The account the light gate runs as (its service's User=; watch/units.py): it owns <state>/watch
+# and the textfile's directory's group, reads the state (the state directory's group is its own)
+# but not the reports (0640, root's group) nor the secrets (0700); the API key reaches it as a
+# systemd credential. The failure hook runs as this account too: never root (issue 35).
+WATCH_USER = "specdeploy-watch"
+WATCH_UID = 10003
 # The launcher every engine starts through (engine.launch): in the build context and in the image.
 LAUNCHER_IN_CONTEXT = "python/specdeploy/engine/launch.py"
 LAUNCHER_IN_IMAGE = "/opt/specdeploy/launch.py"

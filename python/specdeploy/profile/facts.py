@@ -92,6 +92,9 @@ def deploy_facts(
         # its interval and thresholds stay in the profile, which `specdeploy watch units` reads
         "watch": {
             "dir": str(host.watch),
+            # the light gate's account (its service's User=): owns the directory above
+            "user": layout.WATCH_USER,
+            "uid": layout.WATCH_UID,
             "config": str(host.watch_config),
             "result": str(host.watch_result),
             "textfile": str(layout.DEFAULT_TEXTFILE),

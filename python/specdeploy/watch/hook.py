@@ -11,18 +11,22 @@ the inventory to `<state>/watch/config.json` (core.layout):
 `textfile` may be null (no textfile); `hook` an empty list (no hook). Without the file, the
 defaults hold: Debian's textfile directory, no hook.
 
-The hook is a program and its arguments, run without a shell, with the result file's path as its
-last argument, standard input closed, a deadline, and an environment of its own: PATH, LANG, and
-SPECDEPLOY_WATCH_RESULT / SPECDEPLOY_WATCH_VERDICT — never this process's environment, which
-may hold the API key of a run by hand ($SPECDEPLOY_API_KEY). Whatever it does (exit non-zero,
-hang, not exist) is recorded in the result and never changes the verdict. It runs only when the
-light gate fails or could not test; the light gate itself never restarts or rolls back anything.
+The hook is a program and its arguments, run as the light gate's account (specdeploy-watch, never
+root; it must be root's and runnable by that account: `check_hook`), without a shell, with the
+result file's path as its last argument, standard input closed, a deadline, and an environment of
+its own: PATH, LANG, and SPECDEPLOY_WATCH_RESULT / SPECDEPLOY_WATCH_VERDICT — never this process's
+environment, which may hold the API key of a run by hand ($SPECDEPLOY_API_KEY). Whatever it does
+(exit non-zero, hang, not exist) is recorded in the result and never changes the verdict. It runs
+only when the light gate fails or could not test; the light gate itself never restarts or rolls
+back anything.
 """
 
 from __future__ import annotations
 
+import grp
 import math
 import os
+import pwd
 import stat
 import time
 from dataclasses import dataclass, field
@@ -111,7 +115,8 @@ def check_hook(value: Any, origin: str) -> tuple[str, ...]:
             f"{origin}: hook program {program} is {found}: expected an executable file",
             hint=f"install the hook program on this host (chmod +x {program}), or correct watch_hook in the inventory",
         )
-    # the light gate runs as root: a hook another account could replace would run its code as root
+    # root's and written by root alone: no other account (the light gate's included) can put its own
+    # code in the place of the site's hook
     for place in (program, *program.parents):
         st = place.stat()
         shared = place != program and st.st_mode & stat.S_ISVTX  # a sticky /tmp: others add, never replace
@@ -120,10 +125,36 @@ def check_hook(value: Any, origin: str) -> tuple[str, ...]:
             who = f"owned by uid {st.st_uid}" if st.st_uid != 0 else f"writable by others (mode {mode})"
             raise InputFileError(
                 f"{origin}: hook program {program}: {place} is {who}: expected root's, not writable by its group or "
-                "others (the light gate runs the hook as root); the hook was not run",
+                "others (another account could replace the site's hook); the hook was not run",
                 hint=f"chown root:root {place} && chmod go-w {place}, or install the hook where only root writes",
             )
+    denied = _not_runnable_by_watch(program)
+    if denied is not None:
+        raise InputFileError(
+            f"{origin}: hook program {program}: {denied}: expected the light gate's account ({layout.WATCH_USER}), "
+            "which runs the hook, to run it; the hook would fail at the first failure it was meant to report",
+            hint=f"chmod o+rx {program} (and o+x on its directories), or correct watch_hook in the inventory",
+        )
     return tuple(value)
+
+
+def _not_runnable_by_watch(program: Path) -> str | None:
+    """Why the light gate's account could not run `program` (None when it can, or when this host
+    has no such account: not a deployed host). Checked from the modes, as root sees them in
+    `watch check`: the account is neither the owner (root) nor, usually, in the file's group."""
+    try:
+        account = pwd.getpwnam(layout.WATCH_USER)
+    except KeyError:
+        return None
+    if os.geteuid() == account.pw_uid:
+        return None if os.access(program, os.X_OK) else "not executable by this account"
+    groups = {account.pw_gid, *(g.gr_gid for g in grp.getgrall() if account.pw_name in g.gr_mem)}
+    for place, need in ((program, stat.S_IXOTH | stat.S_IROTH), *((d, stat.S_IXOTH) for d in program.parents)):
+        st = place.stat()
+        bits = st.st_mode if st.st_gid not in groups else st.st_mode >> 3
+        if bits & need != need:
+            return f"{place} (mode {oct(st.st_mode & 0o777)}) is not {'runnable' if place == program else 'searchable'}"
+    return None
 
 
 def load_config(path: Path) -> HostConfig:

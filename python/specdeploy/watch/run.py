@@ -168,11 +168,38 @@ def _watch_settings(profile: Profile) -> dict[str, Any]:
     }
 
 
+def _give_back(directory: Path, *, fd: int | None = None, path: Path | None = None) -> None:
+    """A light gate run as root (by hand, or `migrate finish` over SSH) leaves what it wrote to the
+    account that owns the light gate's directory (the service's, core.layout.WATCH_USER), so that the
+    timer's next run can still take the lock and read the counters. Nothing to do when run as that
+    account, or where root owns the directory (a development checkout)."""
+    if os.geteuid() != 0:
+        return
+    with contextlib.suppress(OSError):  # the file is still written; only its owner stays root's
+        owner = directory.stat()
+        if owner.st_uid == 0:
+            return
+        if fd is not None:
+            os.fchown(fd, owner.st_uid, owner.st_gid)
+        elif path is not None:
+            os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
+
+
 @contextlib.contextmanager
 def _lock(path: Path) -> Iterator[None]:
     """One light gate at a time on a host (the timer's and one by hand)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise UsageError(
+            f"the light gate's lock {path} cannot be opened ({exc.strerror}): another account made it; "
+            "nothing was judged",
+            hint=f"run the light gate as its service does (`systemctl start "
+            f"{layout.WATCH_UNIT_FILES['service'].name}`, as {layout.WATCH_USER}), or re-run the deploy's watch "
+            f"stage (it gives {path.parent} back to that account)",
+        ) from None
+    try:
+        _give_back(path.parent, fd=fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -198,7 +225,8 @@ def _claim(host: layout.HostLayout) -> None:
         raise UsageError(
             f"--state-dir {host.state}: the light gate's directory {host.watch} cannot be made ({exc.message}); "
             "nothing was judged",
-            hint="pass a state directory this user can write to (root on a host)",
+            hint=f"pass a state directory this user can write to (on a host, {layout.WATCH_USER}'s: run "
+            f"`systemctl start {layout.WATCH_UNIT_FILES['service'].name}`)",
         ) from None
 
 
@@ -329,6 +357,7 @@ def _acceptance_vllm(result: WatchResult, profile: Profile, host: layout.HostLay
         result.snapshot_problem = f"{exc.message}; measured since the engine started instead"
     span = counters.interval(previous, current)
     counters.save(host.watch_counters, current)
+    _give_back(host.watch, path=host.watch_counters)
     result.counters = current.to_json()
     result.interval = span.to_json()
     stage = judge_acceptance(profile, span)
@@ -448,6 +477,7 @@ def _conclude(result: WatchResult) -> None:
 
 def _write(host: layout.HostLayout, result: WatchResult) -> None:
     atomic.write_json(host.watch_result, result.to_json(), mode=0o640)
+    _give_back(host.watch, path=host.watch_result)
 
 
 def run_watch(host: layout.HostLayout, options: WatchOptions | None = None) -> WatchResult:

@@ -2,9 +2,13 @@
 that starts it every `watch.interval_s` seconds (the profile's, the one source of the interval).
 
 The service names no profile and no key: each run reads the profile copy the installed engine
-unit names (so after a rollback it judges the stack that serves, with that stack's thresholds)
-and the API key from the host's root-only key file (engine.secret), as `specdeploy gate` does;
-nothing secret is in its command line or environment. It never restarts or rolls back anything.
+unit names (so after a rollback it judges the stack that serves, with that stack's thresholds).
+It runs as its own account (core.layout.WATCH_USER), never root: the state directory's group, so
+it reads the profile copies and the run record but neither the reports nor the secrets; the owner
+of <state>/watch; in systemd-journal's group for the engine's startup log. The API key, in the
+host's root-only key file (engine.secret), reaches it as a systemd credential (`LoadCredential=`,
+read back by engine.secret.read): nothing secret is in its command line or environment. It never
+restarts or rolls back anything.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdeploy.core import layout
-from specdeploy.engine.units import RenderedUnit, install, require_renderable, systemd_quote
+from specdeploy.engine.units import RenderedUnit, credential_lines, install, require_renderable, systemd_quote
 from specdeploy.profile import Profile
 
 HEADER = (
@@ -33,7 +37,12 @@ def render_service(profile: Profile, *, cli: str, host: layout.HostLayout) -> Re
         "",
         "[Service]",
         "Type=oneshot",
-        # root: it reads the engine's root-only key file, as the deploy's gate does
+        f"User={layout.WATCH_USER}",
+        f"Group={layout.WATCH_USER}",
+        # the engine unit's journal: the startup log that names the speculative method (vLLM)
+        "SupplementaryGroups=systemd-journal",
+        # the root-only key file, read by systemd and handed to this run alone ($CREDENTIALS_DIRECTORY)
+        *credential_lines(profile, host),
         f"ExecStart={' '.join(systemd_quote(a) for a in argv)}",
         f"TimeoutStartSec={int(profile.watch.timeout_s) + STOP_MARGIN_S}",
         # a few requests to the engine: never in the way of what it serves
