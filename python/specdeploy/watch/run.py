@@ -249,6 +249,8 @@ def unit_state(unit: str, systemctl: str = "systemctl") -> dict[str, Any]:
     shown = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     if done.returncode != 0 or shown.get("LoadState") != "loaded":
         why = shown.get("LoadState") or (done.stderr.strip()[:200] or f"systemctl exited {done.returncode}")
+        if "bus" in why.lower() and os.geteuid() != 0:  # not root: systemctl asks systemd over the system bus
+            why += f"; {layout.WATCH_USER} asks systemd over D-Bus: install and start dbus on this host"
         return state | {"error": f"{unit} is not loaded ({why})"}
     restarts = shown.get("NRestarts", "")
     return state | {
