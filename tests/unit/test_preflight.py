@@ -266,3 +266,17 @@ def test_the_report_is_kept_where_asked_whatever_the_verdict(cli, tmp_path: Path
     assert report == json.loads(result.stdout)
     assert {c["name"]: c["level"] for c in report["checks"]}["port"] == "fail"
     assert [p.name for p in kept.parent.iterdir()] == ["preflight.json"]  # no temporary file left
+
+
+def test_a_host_without_the_system_bus_is_warned_that_the_light_gate_cannot_read_the_unit_s_restarts(
+    tmp_path: Path,
+) -> None:
+    """The light gate's account asks systemd over D-Bus (issue 35): a host without its socket gets a
+    warning naming the fix; a real listening socket passes."""
+    profile = load_profile("cpu-rehearsal")
+    missing = preflight.system_bus_check(profile, preflight.Options(system_bus=tmp_path / "system_bus_socket"))
+    assert (missing.level, missing.name) == ("warn", "system bus") and "apt-get install dbus" in missing.fix
+    with socket.socket(socket.AF_UNIX) as bus:
+        bus.bind(str(tmp_path / "system_bus_socket"))
+        found = preflight.system_bus_check(profile, preflight.Options(system_bus=tmp_path / "system_bus_socket"))
+    assert found.level == "ok"

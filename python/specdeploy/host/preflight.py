@@ -71,6 +71,7 @@ class Options:
     models_dir: Path = layout.HostLayout().models
     timeout_s: float = command.DEFAULT_TIMEOUT_S  # for each program a check runs
     image: str | None = None  # the image to run: its io.specdeploy.cuda label decides, when present
+    system_bus: Path = Path("/run/dbus/system_bus_socket")  # D-Bus's: the light gate asks systemd through it
 
 
 # --------------------------------------------------------------------------- GPU checks
@@ -463,7 +464,22 @@ def token_check(profile: Profile, options: Options) -> Check:
     return Check("hub token", Level.fail, "no token configured", expected, fix)
 
 
-CHECKS: tuple[Callable[[Profile, Options], Check], ...] = (disk_check, podman_check, port_check, token_check)
+def system_bus_check(profile: Profile, options: Options) -> Check:
+    """The light gate runs as its own account (watch/units.py), which asks systemd for the engine
+    unit's state (its automatic restarts) over the system bus: without D-Bus it still judges the
+    stack, but its result and textfile carry no restart count. A warning, not a refusal."""
+    expected = "D-Bus's system bus (the light gate reads the engine unit's restarts through it)"
+    if options.system_bus.is_socket():
+        return Check("system bus", Level.ok, str(options.system_bus), expected)
+    return Check(
+        "system bus", Level.warn, f"no socket at {options.system_bus}", expected,
+        "apt-get install dbus (Debian servers have it; a minimal image may not)",
+    )  # fmt: skip
+
+
+CHECKS: tuple[Callable[[Profile, Options], Check], ...] = (
+    disk_check, podman_check, port_check, token_check, system_bus_check,
+)  # fmt: skip
 
 
 def run(profile: Profile, options: Options) -> Report:
