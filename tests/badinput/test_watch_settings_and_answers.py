@@ -3,7 +3,7 @@
 Each case runs the real CLI in-process, as the timer's service or a person does, and checks what
 the README's bad-input table promises: exit 2 for bad input and for "could not test", the file,
 field and found value named, a `fix:` line, no traceback. The host settings file
-(<state>/watch/config.json) is checked before anything is judged; what the light gate keeps
+(<state>/watch-config.json) is checked before anything is judged; what the light gate keeps
 itself (its counter snapshot) is never a reason to stop: a damaged one is reported and replaced.
 The engine is a loopback stand-in for vLLM (tests/support/vllm_stub.py) where one is needed;
 systemd is a stand-in `systemctl` that knows no unit, so nothing on this machine is asked or
@@ -49,7 +49,7 @@ def _state(tmp_path: Path, settings: object | None = None) -> Path:
     state = tmp_path / "state"
     (tmp_path / "tf").mkdir(exist_ok=True)
     value = {"textfile": str(tmp_path / "tf" / "specdeploy.prom")} if settings is None else settings
-    write(state / "watch" / "config.json", value if isinstance(value, str) else json.dumps(value))
+    write(state / "watch-config.json", value if isinstance(value, str) else json.dumps(value))
     return state
 
 
@@ -126,8 +126,8 @@ def test_a_hook_another_account_could_replace_is_refused_before_it_runs(run: Run
 
 def test_a_settings_file_that_is_a_directory_is_refused(run: Run, tmp_path: Path) -> None:
     state = tmp_path / "state"
-    (state / "watch" / "config.json").mkdir(parents=True)
-    run("watch", "check", "--state-dir", state).expect(2, "config.json", "a directory", fix=SETTINGS_FIX)
+    (state / "watch-config.json").mkdir(parents=True)
+    run("watch", "check", "--state-dir", state).expect(2, "watch-config.json", "a directory", fix=SETTINGS_FIX)
 
 
 def test_a_textfile_option_that_is_not_a_prom_file_is_refused(run: Run, tmp_path: Path) -> None:

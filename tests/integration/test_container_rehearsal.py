@@ -142,11 +142,12 @@ def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_
     assert deploy.changed_tasks(again.stdout) == []
 
 
-def test_the_light_gate_runs_as_its_own_account_with_the_key_as_a_systemd_credential(rig: Rig) -> None:
+def test_the_light_gate_runs_as_its_own_account_with_a_copy_of_the_key_for_each_run(rig: Rig) -> None:
     """Issue 35, item 6: the light gate's service runs as its own account, never root. Started as its
-    timer starts it, it passes against the keyed container stack: the API key reached it as a systemd
-    credential of the root-only key file (which that account cannot read, nor a gate report), and what
-    it wrote is its account's."""
+    timer starts it, it passes against the keyed container stack: the API key reached it as a copy for
+    that run (systemd's privileged ExecStartPre=+, into the run's own directory, gone after it) of the
+    root-only key file, which that account cannot read, nor a gate report; what it wrote is its
+    account's."""
     host, service = rig.host, layout.WATCH_UNIT_FILES["service"].name
     done = host.ssh(f"systemctl start {service}", check=False)
     journal = host.ssh(f"journalctl -u {service} --no-pager -n 60", check=False).stdout
@@ -156,7 +157,8 @@ def test_the_light_gate_runs_as_its_own_account_with_the_key_as_a_systemd_creden
     unit = host.ssh(f"systemctl cat {service}").stdout
     key = load_profile(PROFILE).engine.serve.api_key
     assert key is not None and f"User={layout.WATCH_USER}" in unit
-    assert f"LoadCredential={key.secret}:{DEFAULT.secret_file(key.secret)}" in unit
+    assert f"{DEFAULT.secret_file(key.secret)} {layout.WATCH_RUNTIME_DIR / key.secret}" in unit
+    assert host.ssh(f"test -e {layout.WATCH_RUNTIME_DIR} || echo gone").stdout.strip() == "gone"  # the copy too
     owners = host.ssh(f"stat -c '%U %a' {DEFAULT.watch} {DEFAULT.watch_result} {DEFAULT.watch_counters}").stdout
     assert owners.splitlines() == [f"{layout.WATCH_USER} {mode}" for mode in ("750", "640", "640")], owners
     verified = host.ssh(f"readlink -f {DEFAULT.verified}").stdout.strip()

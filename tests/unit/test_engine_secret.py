@@ -131,20 +131,23 @@ def test_a_key_rotated_by_a_failed_run_is_put_back_by_its_rollback_podman_secret
     assert all(c.stat().st_mode & 0o077 == 0 for c in copies)  # a kept key is root's alone too
 
 
-def test_the_light_gate_reads_the_key_from_its_systemd_credential(
+def test_the_light_gate_reads_the_key_from_the_copy_its_service_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The light gate's service runs as its own account, which cannot read the root-only key file:
-    systemd hands the key over as a credential of the secret's name (watch/units.py), read before the
-    file; without the credential the file is read as before."""
+    systemd copies it for one run into the run's own directory and $SPECDEPLOY_KEY_FILE names the copy
+    (watch/units.py), read before the host's file; without it the host's file is read as before."""
     profile = _profile("specdeploy_api_key")
     host = layout.HostLayout(state=tmp_path / "state")
-    credentials = tmp_path / "credentials"
-    credentials.mkdir()
-    (credentials / "specdeploy_api_key").write_text("credential-key-0123456789\n")
+    copy = tmp_path / "run" / "specdeploy_api_key"
+    copy.parent.mkdir()
+    copy.write_text("handed-over-key-0123456789\n")
     monkeypatch.delenv("SPECDEPLOY_API_KEY", raising=False)
-    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(credentials))
-    assert secret.read(profile, host) == "credential-key-0123456789"  # no key file on this "host" at all
-    (credentials / "specdeploy_api_key").unlink()  # another unit's credentials: the file, as before
-    with pytest.raises(secret.SecretError, match="cannot be read"):
+    monkeypatch.setenv("SPECDEPLOY_KEY_FILE", str(copy))
+    assert secret.read(profile, host) == "handed-over-key-0123456789"  # no key file on this "host" at all
+    copy.unlink()  # named but gone: said, naming the copy, never the host's file silently instead
+    with pytest.raises(secret.SecretError, match=f"{copy} cannot be read"):
+        secret.read(profile, host)
+    monkeypatch.delenv("SPECDEPLOY_KEY_FILE")
+    with pytest.raises(secret.SecretError, match="secrets/specdeploy_api_key cannot be read"):
         secret.read(profile, host)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import stat
 import sys
@@ -501,7 +502,7 @@ def test_the_cli_prints_the_checks_writes_the_result_and_exits_with_the_verdict(
     textfile_dir = tmp_path / "collector"
     textfile_dir.mkdir()
     (state / "watch").mkdir(parents=True)
-    (state / "watch" / "config.json").write_text(json.dumps({"textfile": str(textfile_dir / "specdeploy.prom")}))
+    (state / "watch-config.json").write_text(json.dumps({"textfile": str(textfile_dir / "specdeploy.prom")}))
     runner = CliRunner()
     done = runner.invoke(
         app, ["watch", "run", "--profile", "cpu-rehearsal", "--state-dir", str(state), "--endpoint", url]
@@ -603,14 +604,18 @@ def test_the_units_run_the_light_gate_at_the_profile_s_interval_with_no_secret(t
     assert service.filename == "specdeploy-watch.service" and timer.filename == "specdeploy-watch.timer"
     assert f'ExecStart=/opt/specdeploy/venv/bin/specdeploy watch run --state-dir "{tmp_path}/state dir"' in service.text
     assert "Type=oneshot" in service.text and "TimeoutStartSec=660" in service.text
-    # its own account, never root; the key reaches it as a credential systemd reads from the root-only
-    # file: the unit names the file, never holds the key
+    # its own account, never root; the key copied for one run by systemd as root (`+`) from the
+    # root-only file into the run's own directory, which the environment names: never the key itself
     assert "User=specdeploy-watch\nGroup=specdeploy-watch\nSupplementaryGroups=systemd-journal\n" in service.text
     assert profile.engine.serve.api_key is not None
     secret = profile.engine.serve.api_key.secret
     keyed = [line for line in service.text.splitlines() if "key" in line.lower()]
-    assert keyed == [f"LoadCredential={secret}:{tmp_path}/state dir/secrets/{secret}"], keyed
-    assert "Environment" not in service.text
+    assert keyed == [
+        "ExecStartPre=+/usr/bin/install -m 0400 -o specdeploy-watch -g specdeploy-watch "
+        f'"{tmp_path}/state dir/secrets/{secret}" /run/specdeploy-watch/{secret}',
+        f"Environment=SPECDEPLOY_KEY_FILE=/run/specdeploy-watch/{secret}",
+    ], keyed
+    assert "RuntimeDirectory=specdeploy-watch\nRuntimeDirectoryMode=0700\n" in service.text
     assert f"OnUnitActiveSec={profile.watch.interval_s}" in timer.text and "WantedBy=timers.target" in timer.text
     changed = units.install_units([service, timer], tmp_path / "units")
     assert changed == [str(tmp_path / "units" / u.filename) for u in (service, timer)]
@@ -660,3 +665,23 @@ def test_a_light_gate_run_by_root_leaves_its_files_to_the_account_that_owns_its_
     host.watch_result.unlink()
     watch._write(host, watch.WatchResult(state=str(host.state), started_unix=2.0))
     assert host.watch_result.stat().st_uid == 0
+
+
+def test_a_light_gate_run_by_root_runs_the_hook_as_the_light_gate_s_account(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`migrate finish` and a person run the light gate as root: the hook still runs as the light
+    gate's account, never root (issue 35), with no supplementary group. A real process, dropped to a
+    real account of this machine (nobody) standing in for specdeploy-watch."""
+    assert os.geteuid() == 0, "this test drops privileges: it runs as root (as CI does)"
+    monkeypatch.setattr(layout, "WATCH_USER", "nobody")
+    top = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(top))
+    top.chmod(0o777)
+    program = top / "page-oncall"
+    program.write_text(f'#!/bin/sh\necho "$(id -un) $(id -G)" > {top}/ran\n')
+    program.chmod(0o755)
+    outcome = hook.call((str(program),), top / "result.json", "fail", timeout_s=30)
+    assert outcome.ok and outcome.user == "nobody", outcome.to_json()
+    who, *groups = (top / "ran").read_text().split()
+    assert who == "nobody" and groups == [str(pwd.getpwnam("nobody").pw_gid)]  # its own group, no other

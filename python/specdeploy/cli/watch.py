@@ -25,7 +25,7 @@ ConfigOpt = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="the light gate's host settings (textfile, hook; default: <state>/watch/config.json, written by the "
+        help="the light gate's host settings (textfile, hook; default: <state>/watch-config.json, written by the "
         "watch role; no file: Debian's textfile directory and no hook)",
     ),
 ]
@@ -102,7 +102,7 @@ def watch_run(
     engine restart, is reported and measured from the restart).
 
     Writes <state>/watch/result.json and the textfile for node_exporter's textfile collector;
-    calls the host's hook (settings: <state>/watch/config.json) with the result file's path when
+    calls the host's hook (settings: <state>/watch-config.json) with the result file's path when
     it fails or cannot test. Never restarts or rolls back anything. Exit 0 pass (or skipped: a
     deploy is under way), 1 fail, 2 could not test or bad input, 130 interrupted. The API key,
     when the profile names one, is read from the host's key file (<state>/secrets/<name>), or

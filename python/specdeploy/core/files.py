@@ -39,6 +39,7 @@ FILE_KINDS = {
     stat.S_IFSOCK: "a socket",
     stat.S_IFCHR: "a character device",
     stat.S_IFBLK: "a block device",
+    stat.S_IFLNK: "a symbolic link",
 }
 
 
@@ -46,13 +47,16 @@ def _size(n: int) -> str:
     return f"{n / MIB:.1f} MiB" if n >= MIB else f"{n} bytes"
 
 
-def read_bytes(path: Path | str, *, what: str, limit: int = LIMITS["json"], hint: str | None = None) -> bytes:
+def read_bytes(
+    path: Path | str, *, what: str, limit: int = LIMITS["json"], hint: str | None = None, follow: bool = True
+) -> bytes:
     """The bytes of `path`, a regular file of at most `limit` bytes, or an InputFileError
     naming `what` (e.g. "drafter config", "lock file") and the fix (`hint` when the caller
-    knows a better one than the generic)."""
+    knows a better one than the generic). `follow=False`: a symbolic link in the path's last place
+    is refused, never followed (a file in a directory a less trusted account owns, read by root)."""
     path = Path(path)
     try:
-        info = path.stat()
+        info = path.stat() if follow else path.lstat()
     except FileNotFoundError:
         raise InputFileError(
             f"{what} {path} does not exist", hint=hint or f"pass the path of an existing {what}"
@@ -83,7 +87,7 @@ def read_bytes(path: Path | str, *, what: str, limit: int = LIMITS["json"], hint
         )
     try:
         # O_NONBLOCK: a file swapped for a FIFO after the check above still cannot block the read
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
     except PermissionError:
         raise InputFileError(
             f"{what} {path} cannot be read: permission denied", hint="run as a user that can read it (root on a host)"
@@ -113,8 +117,10 @@ def decode(data: bytes, path: Path | str, *, what: str) -> str:
         ) from None
 
 
-def read_text(path: Path | str, *, what: str, limit: int = LIMITS["text"], hint: str | None = None) -> str:
-    return decode(read_bytes(path, what=what, limit=limit, hint=hint), path, what=what)
+def read_text(
+    path: Path | str, *, what: str, limit: int = LIMITS["text"], hint: str | None = None, follow: bool = True
+) -> str:
+    return decode(read_bytes(path, what=what, limit=limit, hint=hint, follow=follow), path, what=what)
 
 
 class JSONTextError(SpecdeployError):
@@ -173,8 +179,10 @@ def parse_json(text: str, origin: str, *, what: str) -> Any:
         ) from None
 
 
-def read_json(path: Path | str, *, what: str, limit: int = LIMITS["json"], hint: str | None = None) -> Any:
-    return parse_json(read_text(path, what=what, limit=limit, hint=hint), str(path), what=what)
+def read_json(
+    path: Path | str, *, what: str, limit: int = LIMITS["json"], hint: str | None = None, follow: bool = True
+) -> Any:
+    return parse_json(read_text(path, what=what, limit=limit, hint=hint, follow=follow), str(path), what=what)
 
 
 def expect_mapping(data: Any, origin: str, *, what: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ the same `--models-dir`, `--serving-dir`, `--state-dir`, `--cache-dir`.
     <state>/watch/result.json           the last light gate's result (`specdeploy watch run`, the timer's)
     <state>/watch/counters.json         the engine's speculative-decoding counters as that light gate read
                                         them: the next one judges the difference (acceptance since then)
-    <state>/watch/config.json           the light gate's host settings: the textfile and the failure hook
+    <state>/watch-config.json           the light gate's host settings: the textfile and the failure hook
                                         (the watch role writes it from the inventory)
     <state>/watch/lock                  held while a light gate runs
     <cache>/                            the engine's writable cache (container profiles)
@@ -64,9 +64,12 @@ FETCH_UID = 10002
 # The account the light gate runs as (its service's User=; watch/units.py): it owns <state>/watch
 # and the textfile's directory's group, reads the state (the state directory's group is its own)
 # but not the reports (0640, root's group) nor the secrets (0700); the API key reaches it as a
-# systemd credential. The failure hook runs as this account too: never root (issue 35).
+# copy for one run (WATCH_RUNTIME_DIR). The failure hook runs as this account too: never root (issue 35).
 WATCH_USER = "specdeploy-watch"
 WATCH_UID = 10003
+# Where the light gate's service gets its copy of the API key for one run (its RuntimeDirectory=,
+# the account's alone, removed when the run ends; watch/units.py).
+WATCH_RUNTIME_DIR = Path("/run/specdeploy-watch")
 # The launcher every engine starts through (engine.launch): in the build context and in the image.
 LAUNCHER_IN_CONTEXT = "python/specdeploy/engine/launch.py"
 LAUNCHER_IN_IMAGE = "/opt/specdeploy/launch.py"
@@ -218,7 +221,10 @@ class HostLayout:
 
     @property
     def watch_config(self) -> Path:
-        return self.watch / "config.json"
+        """The light gate's host settings (the textfile, the failure hook), written by the watch
+        role: root's, its group the light gate's account, which reads them but, outside its own
+        directory, cannot replace them (a root run of the light gate trusts them)."""
+        return self.state / "watch-config.json"
 
     @property
     def watch_lock(self) -> Path:

@@ -206,17 +206,16 @@ def _create_podman_secret(podman: str, name: str, data: bytes, *, replace: bool,
 
 def read(profile: Profile, host: layout.HostLayout) -> str | None:
     """The key the gate, the light gate and the rollback's proof send: None when the profile needs
-    none; the environment's $SPECDEPLOY_API_KEY first (a run by hand), then the systemd credential
-    of the secret's name (the light gate's service: `LoadCredential=`, watch/units.py), else the
-    host's key file."""
+    none; the environment's $SPECDEPLOY_API_KEY first (a run by hand), then the file
+    $SPECDEPLOY_KEY_FILE names (the light gate's service: its copy for one run, watch/units.py),
+    else the host's key file."""
     if profile.engine.serve.api_key is None:
         return None
     from_env = os.environ.get("SPECDEPLOY_API_KEY")
     if from_env:
         return from_env
-    name = profile.engine.serve.api_key.secret
-    credentials = os.environ.get(launch.CREDENTIALS_DIRECTORY_ENV)
-    path = Path(credentials) / name if credentials and (Path(credentials) / name).exists() else host.secret_file(name)
+    handed = os.environ.get(launch.KEY_FILE_ENV)
+    path = Path(handed) if handed else host.secret_file(profile.engine.serve.api_key.secret)
     try:  # bounded, regular files only: a FIFO in its place must not block the gate
         key = files.read_text(path, what="API key file", limit=LIMITS["key"]).strip()
     except InputFileError as exc:

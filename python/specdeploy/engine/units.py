@@ -286,8 +286,8 @@ HARDENING = (
 
 def credential_lines(profile: Profile, host: layout.HostLayout) -> list[str]:
     """The unit line that has systemd read the root-only API key file and hand it to the unit's
-    own account alone, as credential <the secret's name> (engine.secret.read, engine.launch):
-    none when the profile serves without a key. The venv engine's unit and the light gate's."""
+    own account alone, as credential <the secret's name> (engine.launch): none when the profile
+    serves without a key."""
     key = profile.engine.serve.api_key
     return [f"LoadCredential={key.secret}:{host.secret_file(key.secret)}"] if key is not None else []
 

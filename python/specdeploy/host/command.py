@@ -58,9 +58,11 @@ def run(
     timeout: float = DEFAULT_TIMEOUT_S,
     limit: int = OUTPUT_LIMIT,
     env: dict[str, str] | None = None,
+    account: tuple[int, int] | None = None,
 ) -> Finished:
     """Run `argv` (stdin closed) and return its exit code and output, or raise ProgramRunError.
-    `env`: the program's whole environment (None: this process's)."""
+    `env`: the program's whole environment (None: this process's). `account`: the (uid, gid) it
+    runs as, with no supplementary group (a root caller dropping privileges; None: this process's)."""
     program = argv[0] if argv else ""
     shown = " ".join(argv)
     if not program:
@@ -73,6 +75,7 @@ def run(
             stderr=subprocess.PIPE,
             start_new_session=True,
             env=env,
+            **({"user": account[0], "group": account[1], "extra_groups": []} if account else {}),
         )
     except FileNotFoundError:
         raise ProgramRunError(f"{program} not found", reason="missing") from None

@@ -469,7 +469,11 @@ def system_bus_check(profile: Profile, options: Options) -> Check:
     unit's state (its automatic restarts) over the system bus: without D-Bus it still judges the
     stack, but its result and textfile carry no restart count. A warning, not a refusal."""
     expected = "D-Bus's system bus (the light gate reads the engine unit's restarts through it)"
-    if options.system_bus.is_socket():
+    try:
+        found = options.system_bus.is_socket()
+    except OSError as exc:  # a directory on the way this account may not enter
+        return Check("system bus", Level.warn, f"{options.system_bus}: {exc.strerror}", expected, "run as root")
+    if found:
         return Check("system bus", Level.ok, str(options.system_bus), expected)
     return Check(
         "system bus", Level.warn, f"no socket at {options.system_bus}", expected,

@@ -2,7 +2,7 @@
 
 Host settings are not the profile's (a profile describes a stack, not a host): where node_exporter
 reads its textfiles and what to call on a failure differ per site. The watch role writes them from
-the inventory to `<state>/watch/config.json` (core.layout):
+the inventory to `<state>/watch-config.json` (core.layout):
 
     {"textfile": "/var/lib/prometheus/node-exporter/specdeploy.prom",
      "hook": ["/usr/local/bin/page-oncall", "--team", "inference"],
@@ -193,6 +193,7 @@ class HookOutcome:
     elapsed_s: float = 0.0
     output: str = ""
     env: list[str] = field(default_factory=list)  # the names of the variables it was given
+    user: str = ""  # the account it ran as
 
     @property
     def ok(self) -> bool:
@@ -207,6 +208,7 @@ class HookOutcome:
             "elapsed_s": round(self.elapsed_s, 2),
             "output": self.output,
             "env": self.env,
+            "user": self.user,
         }
 
 
@@ -221,14 +223,36 @@ def hook_environment(result_file: Path, verdict: str) -> dict[str, str]:
     }
 
 
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def hook_account() -> tuple[int, int] | None:
+    """The (uid, gid) a hook runs as when this process is root (`migrate finish`, a run by hand): the
+    light gate's account, as under its service, never root; None when not root (the service: it
+    already is that account) or on a machine without the account (a development checkout)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        account = pwd.getpwnam(layout.WATCH_USER)
+    except KeyError:
+        return None
+    return account.pw_uid, account.pw_gid
+
+
 def call(hook: tuple[str, ...], result_file: Path, verdict: str, *, timeout_s: float) -> HookOutcome:
     """Run the hook (its argv, then the result file's path); what happened, never an exception."""
     argv = [*hook, str(result_file)]
     env = hook_environment(result_file, verdict)
-    outcome = HookOutcome(argv=argv, env=sorted(env))
+    account = hook_account()
+    user = _name(account[0] if account else os.geteuid())
+    outcome = HookOutcome(argv=argv, env=sorted(env), user=user)
     started = time.monotonic()
     try:
-        done = command.run(argv, timeout=timeout_s, limit=1024 * 1024, env=env)
+        done = command.run(argv, timeout=timeout_s, limit=1024 * 1024, env=env, account=account)
     except command.ProgramRunError as exc:
         outcome.error = exc.message
     else:

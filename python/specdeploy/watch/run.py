@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import fcntl
 import os
 import time
@@ -192,8 +193,9 @@ def _lock(path: Path) -> Iterator[None]:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise UsageError(
-            f"the light gate's lock {path} cannot be opened ({exc.strerror}): another account made it; "
-            "nothing was judged",
+            f"the light gate's lock {path} cannot be opened ({exc.strerror}): "
+            + ("it is a link, never followed" if exc.errno == errno.ELOOP else "another account made it")
+            + "; nothing was judged",
             hint=f"run the light gate as its service does (`systemctl start "
             f"{layout.WATCH_UNIT_FILES['service'].name}`, as {layout.WATCH_USER}), or re-run the deploy's watch "
             f"stage (it gives {path.parent} back to that account)",
