@@ -101,6 +101,20 @@ def test_a_key_written_twice_is_refused_naming_both_lines_not_loaded_as_the_last
     assert "'5'" in answer.text and "'15'" in answer.text
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.0.0.5", "::"])
+def test_a_venv_engine_listening_beyond_the_loopback_is_refused_naming_what_it_would_expose(
+    run: Run, tmp_path: Path, host: str
+) -> None:
+    """Issue 35: a venv engine binds the host itself; off the loopback every route of it would answer
+    the network without the key, past the front and its listener."""
+    data = base_data()
+    data["engine"]["serve"]["host"] = host
+    path = profile_file(tmp_path, data)
+    run("profile", "show", path).expect(
+        2, str(path), "engine.serve.host", "expected a loopback address", repr(host), "/invocations", fix=PROFILE_FIX
+    )
+
+
 def test_an_alias_bomb_fails_fast_with_a_clear_message(run_process: Run, tmp_path: Path) -> None:
     path = profile_file(tmp_path, base_text() + alias_bomb())
     answer = run_process("profile", "show", path)

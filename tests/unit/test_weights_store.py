@@ -214,3 +214,22 @@ def test_git_s_blob_id_of_a_file_of_several_chunks_equals_git_s_own(tmp_path: Pa
         path.write_bytes(data)
         git = subprocess.run(["git", "hash-object", str(path)], capture_output=True, text=True, check=True)
         assert git_blob_id(path) == git.stdout.strip(), name
+
+
+def test_git_s_blob_id_of_a_large_file_holds_no_more_than_a_chunk_in_memory(tmp_path: Path) -> None:
+    """Issue 35: the blob id is streamed: over a 256 MiB file (sparse: no disk used) the peak of
+    Python's allocations stays near one 1 MiB chunk, where reading it whole would take 256 MiB."""
+    import tracemalloc
+
+    from specdeploy.weights.fetch import git_blob_id
+
+    path = tmp_path / "listed-as-small.bin"
+    with path.open("wb") as fh:
+        fh.truncate(256 << 20)
+    tracemalloc.start()
+    try:
+        git_blob_id(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"peak {peak / (1 << 20):.1f} MiB"

@@ -10,6 +10,7 @@ by guessing: the stage that first fetches or builds them records them in the loc
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from enum import StrEnum
 from typing import Any, Literal
@@ -336,6 +337,26 @@ class EngineSpec(_Strict):
         default_factory=dict,
         description="what the serve flags and env rest on (backend support, runner, scheduling), with provenance",
     )
+
+    @model_validator(mode="after")
+    def _venv_on_loopback(self) -> EngineSpec:
+        """A venv engine listens on the host itself: anywhere but the loopback, every route of it
+        (`/invocations`, `/tokenize` and `/metrics` answer without the key) would be open to the
+        network, past the front and its listener (issue 35). A container's 0.0.0.0 is its own
+        network namespace; the host publishes it on the loopback or the listener's address."""
+        host = self.serve.host
+        if self.runtime == "venv" and host != "localhost":
+            try:
+                loopback = ipaddress.ip_address(host).is_loopback
+            except ValueError:
+                loopback = False
+            if not loopback:
+                raise ValueError(
+                    f"engine.serve.host: expected a loopback address for a venv engine (127.0.0.1, ::1), found "
+                    f"{host!r}: every route of the engine, /metrics and /invocations included, would answer the "
+                    "network without the key, past the front; the front reaches it through the host's listener"
+                )
+        return self
 
     def known_bad_entry(self, *, version: str | None = None, commit: str | None = None) -> KnownBad | None:
         """The first known-bad entry covering this engine version or commit: the one place
