@@ -89,6 +89,7 @@ PROVIDED_OTHERWISE: dict[str, tuple[str, str, str]] = {
     "journalctl": (HOST_IMAGE, "systemd", "the gate reads the engine unit's journal on the host"),
     "systemd-run": (HOST_IMAGE, "systemd", "`gate --as-unit` starts the gate as a transient unit on the host"),
     "nvidia-smi": (STAND_IN, "", "the NVIDIA driver on GPU hosts; tests replay recorded outputs with a stand-in"),
+    "page-oncall": (STAND_IN, "", "the site's own light-gate hook (inventory watch_hook); tests write a stand-in"),
     "olah-cli": (OWN_VENV, "olah", "the hub helper builds olah's own venv in the cache from locks/hub-olah.txt"),
 }
 
