@@ -201,12 +201,15 @@ def test_a_serve_flag_and_an_api_key_change_only_the_engine_and_the_gate_sends_t
     run, report = _playbook(host, tmp_path, wheelhouse, weights, profiles=_keyed_profiles(tmp_path))
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     # The new profile file lands on the host; of the stack, only the engine changes (its key and
-    # unit), and the only restart is the engine's (weights, drafter config, CLI: all unchanged).
+    # unit), and the only restart is the engine's (weights, drafter config, CLI: all unchanged). The
+    # light gate's service changes with the key: it now copies the key for each run (watch/units.py)
     assert deploy.changed_tasks(run.stdout) == [
         "specdeploy : Copy the deployment profile",
         "engine : Install the engine's API key",
         "engine : Install the engine unit rendered from the profile",
         "engine : Restart the engine",
+        "watch : Install the light gate's service and timer",
+        "watch : Restart the light gate's timer",
     ]
     assert _engine_started(host) != before
     assert report is not None and report["verdict"] == "pass", report
