@@ -685,3 +685,15 @@ def test_a_light_gate_run_by_root_runs_the_hook_as_the_light_gate_s_account(
     assert outcome.ok and outcome.user == "nobody", outcome.to_json()
     who, *groups = (top / "ran").read_text().split()
     assert who == "nobody" and groups == [str(pwd.getpwnam("nobody").pw_gid)]  # its own group, no other
+
+
+def test_a_counters_snapshot_that_is_a_link_is_refused_never_followed(tmp_path: Path) -> None:
+    """The light gate's account owns <state>/watch and root runs the light gate too (issue 35): a
+    snapshot replaced by a link (to a root-only file, say) is refused naming it, never read through."""
+    target = tmp_path / "root-only.json"
+    counters.save(target, counters.Snapshot(1.0, dict.fromkeys(counters.COUNTERS, 0.0), ()))
+    assert counters.load(target) is not None  # a regular file is read
+    link = tmp_path / "counters.json"
+    link.symlink_to(target)
+    with pytest.raises(InputFileError, match="expected a regular file, found a symbolic link"):
+        counters.load(link)

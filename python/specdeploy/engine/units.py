@@ -284,14 +284,6 @@ HARDENING = (
 )
 
 
-def credential_lines(profile: Profile, host: layout.HostLayout) -> list[str]:
-    """The unit line that has systemd read the root-only API key file and hand it to the unit's
-    own account alone, as credential <the secret's name> (engine.launch): none when the profile
-    serves without a key."""
-    key = profile.engine.serve.api_key
-    return [f"LoadCredential={key.secret}:{host.secret_file(key.secret)}"] if key is not None else []
-
-
 def render_service(
     profile: Profile, *, python: str, host: layout.HostLayout, profile_file: str | None = None
 ) -> RenderedUnit:
@@ -310,7 +302,7 @@ def render_service(
         f"ReadWritePaths={layout.ENGINE_HOME}",
         *(f"Environment={systemd_quote(f'{k}={v}')}" for k, v in sorted(env.items())),
         # systemd reads the root-only key file and hands it to the engine's user alone
-        *credential_lines(profile, host),
+        *([f"LoadCredential={key.secret}:{host.secret_file(key.secret)}"] if key else []),
         f"ExecStart={_exec_line(command.argv)}",
         # SIGTERM to the API server only: it shuts its engine processes down itself; whatever
         # is left is killed once the requests in flight had their time (engine.args.shutdown_timeout_s;

@@ -142,9 +142,8 @@ def _not_runnable_by_watch(program: Path) -> str | None:
     """Why the light gate's account could not run `program` (None when it can, or when this host
     has no such account: not a deployed host). Checked from the modes, as root sees them in
     `watch check`: the account is neither the owner (root) nor, usually, in the file's group."""
-    try:
-        account = pwd.getpwnam(layout.WATCH_USER)
-    except KeyError:
+    account = _watch_account()
+    if account is None:
         return None
     if os.geteuid() == account.pw_uid:
         return None if os.access(program, os.X_OK) else "not executable by this account"
@@ -234,13 +233,16 @@ def hook_account() -> tuple[int, int] | None:
     """The (uid, gid) a hook runs as when this process is root (`migrate finish`, a run by hand): the
     light gate's account, as under its service, never root; None when not root (the service: it
     already is that account) or on a machine without the account (a development checkout)."""
-    if os.geteuid() != 0:
-        return None
+    account = _watch_account() if os.geteuid() == 0 else None
+    return (account.pw_uid, account.pw_gid) if account else None
+
+
+def _watch_account() -> pwd.struct_passwd | None:
+    """The light gate's account on this machine; None where there is none (not a deployed host)."""
     try:
-        account = pwd.getpwnam(layout.WATCH_USER)
+        return pwd.getpwnam(layout.WATCH_USER)
     except KeyError:
         return None
-    return account.pw_uid, account.pw_gid
 
 
 def call(hook: tuple[str, ...], result_file: Path, verdict: str, *, timeout_s: float) -> HookOutcome:
