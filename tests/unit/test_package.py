@@ -28,6 +28,7 @@ STAGES = (
     "watch",
     "front",
     "migrate",
+    "bench",
     "rehearsal",
     "cli",
 )

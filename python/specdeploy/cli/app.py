@@ -14,6 +14,7 @@ import typer
 
 from specdeploy.cli import (
     base,
+    bench,
     coherence,
     deploylock,
     drafter,
@@ -72,6 +73,7 @@ for module in (
 watch_cli.register(app)  # after the deploy: the light gate the host's timer runs
 front_cli.register(app)  # the site's front door: HAProxy in front of the engine hosts (issue 23)
 migrate_cli.register(app)  # the host migration runbook (issue 23)
+bench.register(app)  # stacks compared with one workload, and a draft length tuned from the figures
 
 
 def main() -> None:

@@ -751,6 +751,32 @@ class WatchSpec(_Strict):
     )
 
 
+class BenchSpec(_Strict):
+    """What `specdeploy bench` and `specdeploy tune` measure by default (a workload file may set its own).
+
+    Failure prevented: stacks compared across different tools, prompts and days (the field's DFlash
+    against MTP) and a draft length cut by eye; one workload, measured the same way on every stack."""
+
+    concurrency: list[int] = Field(
+        default_factory=list,
+        description="requests in flight, one level after another; empty (default): 1 and smoke.concurrency",
+    )
+    output_tokens: int = Field(
+        128, ge=8, le=8192, description="tokens each request generates (the EOS is ignored: equal work per request)"
+    )
+    requests_per_level: int = Field(
+        16, ge=1, le=10000, description="requests at each level (at least twice the level's concurrency is used)"
+    )
+    temperature: float = Field(0.0, ge=0, le=2, description="sampling temperature of every request (0: greedy)")
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, levels: list[int]) -> list[int]:
+        if any(c < 1 for c in levels) or levels != sorted(set(levels)):
+            raise ValueError(f"expected distinct levels >= 1 in rising order, found {levels}")
+        return levels
+
+
 # The engine routes the site's front door serves (specdeploy.front, docs/front.md): the OpenAI
 # routes the API key guards, and health. `/version` is not served by default (it is neither /v1
 # nor health; the smoke's identity stage reads it on the host's loopback, not through the
@@ -1071,6 +1097,7 @@ class Profile(_Strict):
     watch: WatchSpec = Field(default_factory=WatchSpec)
     front: FrontSpec = Field(default_factory=FrontSpec)
     migration: MigrationSpec = Field(default_factory=MigrationSpec)
+    bench: BenchSpec = Field(default_factory=BenchSpec)
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:

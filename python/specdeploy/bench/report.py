@@ -1,0 +1,128 @@
+"""A bench report: one workload, one or more runs (a stack each), one result per level.
+
+What is kept is normalised: the benchmark engine's figures (throughput, time to first token,
+inter-token latency) as it measured them, and acceptance from the engine's own counters read
+around each level with the package's one formula (smoke.acceptance, vLLM's 1 + accepted/drafts),
+never the benchmark tool's. A report from a file is validated like any input: a report is how
+runs taken on other hosts and days are compared (`compare`) and tuned (`tune --from-report`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from specdeploy.bench.workload import Workload
+from specdeploy.core import atomic, files
+from specdeploy.core.errors import InputFileError
+
+SCHEMA = "specdeploy-bench/1"
+NOT_EXPOSED = "not exposed"  # SGLang counts no per-position acceptance
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _finite(value: float | None) -> float | None:
+    if value is not None and (not math.isfinite(value) or value < 0):
+        raise ValueError(f"expected a finite number >= 0, found {value}")
+    return value
+
+
+class Level(_Model):
+    """One level of concurrency of one run."""
+
+    concurrency: int = Field(ge=1)
+    requests: int = Field(ge=0)
+    failed: int = Field(ge=0)
+    duration_s: float
+    output_tokens: int = Field(ge=0)
+    output_tokens_per_s: float
+    ttft_ms_p50: float | None = None
+    ttft_ms_p99: float | None = None
+    itl_ms_p50: float | None = None
+    itl_ms_p99: float | None = None
+    # acceptance over the level from the engine's counters (deltas); None: no draft (or not exposed)
+    drafts: float | None = None
+    mean_acceptance_length: float | None = None
+    per_position: list[float] | None = None  # share of drafts accepted at each position (cumulative)
+    per_position_note: str | None = None  # why there is none (e.g. NOT_EXPOSED)
+    counter_note: str | None = None  # a counter reset or other traffic seen during the level
+
+    _check = field_validator(
+        "duration_s", "output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "drafts"
+    )(_finite)
+
+    @property
+    def step_ms(self) -> float | None:
+        """Milliseconds one request spends per engine step: it emits `mean_acceptance_length` tokens
+        a step (1 without speculation) at `output_tokens_per_s / concurrency`."""
+        if self.output_tokens_per_s <= 0:
+            return None
+        per_step = self.mean_acceptance_length or 1.0
+        return 1000.0 * per_step * self.concurrency / self.output_tokens_per_s
+
+
+class Run(_Model):
+    """One stack measured with the workload."""
+
+    label: str = Field(min_length=1, max_length=80)
+    profile: str
+    engine: Literal["vllm", "sglang"]
+    engine_version: str | None = None
+    method: str | None  # the speculative method; None: served without speculation
+    k: int = Field(ge=0)  # draft tokens per step; 0: no speculation
+    endpoint: str
+    host: str | None = None
+    taken_at: str  # ISO 8601, UTC
+    tool: str  # the benchmark engine and its version
+    levels: list[Level]
+
+    def level(self, concurrency: int) -> Level | None:
+        return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
+
+
+class Report(_Model):
+    schema_: Literal["specdeploy-bench/1"] = Field(SCHEMA, alias="schema")
+    workload: Workload
+    workload_key: str
+    runs: list[Run] = Field(min_length=1)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def make(workload: Workload, runs: list[Run]) -> Report:
+    return Report(workload=workload, workload_key=workload.key, runs=runs)
+
+
+def save(report: Report, path: Path) -> Path:
+    atomic.write_json(path, report.to_json())
+    return path
+
+
+def load(path: Path) -> Report:
+    """A saved report, validated: its workload key must be its workload's (an edited report is refused)."""
+    data = files.read_json(path, what="bench report", hint="give a report `specdeploy bench run` wrote (report.json)")
+    try:
+        report = Report.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise InputFileError(
+            f"bench report {path}: field {where}: {first['msg']} (found {str(first.get('input'))[:80]!r})",
+            hint="give a report `specdeploy bench run` wrote (report.json), unedited",
+        ) from None
+    if report.workload_key != report.workload.key:
+        raise InputFileError(
+            f"bench report {path}: field workload_key: expected {report.workload.key} (its workload's hash), "
+            f"found {report.workload_key}: the workload was edited after the run",
+            hint="compare only reports as `specdeploy bench run` wrote them",
+        )
+    return report

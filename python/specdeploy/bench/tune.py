@@ -1,0 +1,174 @@
+"""Recommend a draft length (`num_speculative_tokens`, k) per level of concurrency from measured runs.
+
+Failure prevented: the field ran 15 draft tokens where acceptance was about 0 from position 5 on
+(40-42 tok/s), and found 5 (57-61 tok/s) by reading logs and cutting by hand.
+
+The model (one formula, here):
+- tokens per step with k drafts: L(k) = 1 + p_1 + ... + p_k, p_i the share of drafts accepted up to
+  position i (vLLM's per-position counter over drafts, cumulative), from the measured run with the
+  largest k; positions past it are extrapolated geometrically from its last two (labelled).
+- time per step: t(k) = a + b*k for k >= 1, fitted (least squares) to the measured runs' step times
+  (Level.step_ms: L * concurrency / throughput); t(0) is the run without speculation where there is
+  one. With one speculative run and one without, the line goes through both.
+- throughput: concurrency * L(k) / t(k).
+Where a k was measured, its measured throughput is what the pick compares (the model only fills the
+gaps); every other figure is labelled interpolated or extrapolated. The pick is the smallest k within
+1% of the best (fewer drafts: less compute for the same throughput), with its reasons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specdeploy.bench.report import Level, Report
+from specdeploy.core.errors import UsageError
+
+NEAR_BEST = 0.01  # a smaller k within 1% of the best is preferred
+
+
+class TuneError(UsageError):
+    """The runs given cannot support a recommendation (what is missing is named)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    k: int
+    tok_s: float  # what the pick compares: measured where measured, else the model's
+    model_tok_s: float
+    acceptance_length: float
+    step_ms: float
+    basis: str  # "measured", "interpolated" or "extrapolated: <why>"
+    measured_tok_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    concurrency: int
+    k: int
+    predictions: list[Prediction]
+    reasons: list[str] = field(default_factory=list)
+    fit: str = ""
+
+    def prediction(self, k: int) -> Prediction:
+        return next(p for p in self.predictions if p.k == k)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "concurrency": self.concurrency,
+            "recommended_k": self.k,
+            "fit": self.fit,
+            "reasons": self.reasons,
+            "predictions": [p.__dict__ for p in self.predictions],
+        }
+
+
+def _curve(levels: list[tuple[int, Level]], max_k: int) -> tuple[list[float], int]:
+    """Per-position acceptance for positions 1..max_k and how many were measured."""
+    with_positions = [(k, lv) for k, lv in levels if k > 0 and lv.per_position]
+    if not with_positions:
+        raise TuneError(
+            "no speculative run with per-position acceptance at this level",
+            hint="bench a stack at the drafter's largest k on vLLM (SGLang does not expose per-position acceptance)",
+        )
+    _, richest = max(with_positions, key=lambda kl: (len(kl[1].per_position or []), kl[0]))
+    measured = [min(1.0, max(0.0, p)) for p in (richest.per_position or [])]
+    curve = measured[:max_k]
+    ratio = 0.0
+    if len(measured) >= 2 and measured[-2] > 0:
+        ratio = min(max(measured[-1] / measured[-2], 0.0), 0.95)
+    while len(curve) < max_k:
+        curve.append(curve[-1] * ratio)
+    return curve, len(measured)
+
+
+def _step_line(levels: list[tuple[int, Level]]) -> tuple[float, float, float | None, tuple[int, int], str]:
+    """(a, b, t0, measured k range, how) of the step-time model."""
+    spec = [(k, lv.step_ms) for k, lv in levels if k > 0 and lv.step_ms is not None]
+    plain = [lv.step_ms for k, lv in levels if k == 0 and lv.step_ms is not None]
+    t0 = float(np.median(plain)) if plain else None
+    ks = sorted({k for k, _ in spec})
+    if not ks:
+        raise TuneError("no speculative run at this level", hint="bench a stack with speculation on")
+    if len(ks) >= 2:
+        x = np.array([k for k, _ in spec], dtype=float)
+        y = np.array([t for _, t in spec], dtype=float)
+        b, a = np.polyfit(x, y, 1)
+        how = f"t(k) = {a:.2f} + {b:.3f}*k ms fitted to {len(spec)} speculative runs (k = {', '.join(map(str, ks))})"
+    elif t0 is not None:
+        k1, t1 = spec[0]
+        a, b = t0, (t1 - t0) / k1
+        how = f"t(k) = {a:.2f} + {b:.3f}*k ms through the run without speculation and the run at k={k1}"
+    else:
+        raise TuneError(
+            f"one speculative run (k={ks[0]}) and none without speculation: the cost of a draft token is unknown",
+            hint="bench the same stack without speculation too, or at a second k",
+        )
+    low = 0 if len(ks) == 1 else ks[0]  # one speculative run: the line runs from the run without speculation
+    if b < 0:
+        how += f"; the slope {b:.3f} came out negative (noise) and is taken as 0"
+        b = 0.0
+    return float(a), float(b), t0, (low, ks[-1]), how
+
+
+def recommend_level(report: Report, concurrency: int, max_k: int | None = None) -> Recommendation:
+    levels = [(run.k, lv) for run in report.runs if (lv := run.level(concurrency)) and lv.output_tokens_per_s > 0]
+    if not levels:
+        raise TuneError(f"no run measured concurrency {concurrency}")
+    top = max_k if max_k is not None else max(k for k, _ in levels)
+    curve, widths = _curve(levels, top)
+    a, b, t0, (k_lo, k_hi), how = _step_line(levels)
+    measured: dict[int, list[Level]] = {}
+    for k, lv in levels:
+        measured.setdefault(k, []).append(lv)
+    predictions: list[Prediction] = []
+    for k in range(0, top + 1):
+        length = 1.0 + sum(curve[:k])
+        step = t0 if (k == 0 and t0 is not None) else a + b * k
+        model = 1000.0 * concurrency * length / step
+        seen = float(np.median([lv.output_tokens_per_s for lv in measured[k]])) if k in measured else None
+        if seen is not None:
+            basis = "measured"
+            # what was measured at this k, not the model: its own acceptance and step time
+            length = float(np.median([lv.mean_acceptance_length or 1.0 for lv in measured[k]]))
+            step = 1000.0 * concurrency * length / seen
+        elif k == 0:
+            basis = "extrapolated: no run without speculation (the step line at k=0)"
+        elif k > widths:
+            basis = f"extrapolated: acceptance past position {widths} continues the measured decay"
+        elif k < k_lo or k > k_hi:
+            basis = f"extrapolated: step time outside the measured k = {k_lo}..{k_hi}"
+        else:
+            basis = "interpolated"
+        predictions.append(Prediction(k, seen if seen is not None else model, model, length, step, basis, seen))
+    best = max(p.tok_s for p in predictions)
+    pick = min(p.k for p in predictions if p.tok_s >= best * (1 - NEAR_BEST))
+    return Recommendation(concurrency, pick, predictions, _reasons(predictions, pick, curve, b), how)
+
+
+def _reasons(predictions: list[Prediction], pick: int, curve: list[float], b: float) -> list[str]:
+    chosen = predictions[pick]
+    reasons = [
+        f"k={pick}: {chosen.tok_s:.1f} tok/s ({chosen.basis}), {chosen.acceptance_length:.2f} tokens per step "
+        f"of {chosen.step_ms:.1f} ms"
+    ]
+    plain = predictions[0]
+    if pick > 0:
+        gain = chosen.tok_s / plain.tok_s - 1 if plain.tok_s > 0 else 0.0
+        reasons.append(f"no speculation: {plain.tok_s:.1f} tok/s ({plain.basis}); k={pick} is {gain:+.0%}")
+    if pick + 1 < len(predictions):
+        nxt = predictions[pick + 1]
+        reasons.append(
+            f"k={pick + 1} would add {curve[pick]:.2f} tokens per step (+{curve[pick] / chosen.acceptance_length:.0%}) "
+            f"for {b:.2f} ms more per step (+{b / chosen.step_ms:.0%}): {nxt.tok_s:.1f} tok/s ({nxt.basis})"
+        )
+    worst = predictions[-1]
+    if worst.k != pick:
+        reasons.append(f"k={worst.k} (the largest considered): {worst.tok_s:.1f} tok/s ({worst.basis})")
+    return reasons
+
+
+def recommend(report: Report, max_k: int | None = None) -> list[Recommendation]:
+    levels = sorted({lv.concurrency for run in report.runs for lv in run.levels})
+    return [recommend_level(report, c, max_k) for c in levels]

