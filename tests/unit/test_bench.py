@@ -239,3 +239,113 @@ def test_bench_compare_refuses_reports_of_different_workloads_with_exit_2(cli: A
     result = cli("bench", "compare", a, b, "--out", tmp_path / "out", "--no-plots")
     assert result.exit_code == 2
     assert "served_model: 'm' vs 'n'" in result.output and not (tmp_path / "out" / "report.json").exists()
+
+
+# --------------------------------------------------------------------------- the site override
+
+
+def _override(directory: Path, text: str, name: str = "cpu-rehearsal") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_site_override_extends_the_shipped_profile_with_its_draft_length_only(tmp_path: Path) -> None:
+    base = load_profile("cpu-rehearsal")
+    path = _override(
+        tmp_path,
+        "schema_version: 1\nextends: cpu-rehearsal\nnote: tuned\n"
+        "overrides:\n  engine:\n    speculative:\n      num_speculative_tokens: 4\n",
+    )
+    tuned = load_profile(path)
+    assert tuned.name == base.name and tuned.engine.speculative.num_speculative_tokens == 4
+    assert tuned.site_override is not None and tuned.site_override.overrides == {
+        "engine.speculative.num_speculative_tokens": 4
+    }
+    unchanged = tuned.model_dump(exclude={"engine", "site_override"}) == base.model_dump(
+        exclude={"engine", "site_override"}
+    )
+    assert unchanged and tuned.engine.serve == base.engine.serve
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("schema_version: 1\nextends: cpu-rehearsal\noverrides: {engine: {serve: {port: 9}}}\n",
+         "field overrides.engine.serve.port: a site override may set only engine.speculative.num_speculative_tokens"),
+        ("schema_version: 1\nextends: cpu-rehearsal\noverrides: {engine: {speculative: {num_speculative_tokens: 2}}}\n",
+         "smoke.acceptance_length.max 3.9 exceeds the largest possible acceptance length 3"),
+        ("schema_version: 1\nextends: a6000-mtp\noverrides: {engine: {speculative: {num_speculative_tokens: 2}}}\n",
+         "field extends: expected 'cpu-rehearsal' .* found 'a6000-mtp'"),
+        ("schema_version: 1\nextends: cpu-rehearsal\noverrides: {}\n", "field overrides: expected a mapping"),
+        ("schema_version: 1\nextends: cpu-rehearsal\nname: x\n"
+         "overrides: {engine: {speculative: {num_speculative_tokens: 4}}}\n",
+         "field name: not part of a site override"),
+        ("schema_version: 1\nextends: cpu-rehearsal\noverrides: {engine: {speculative: {num_speculative_tokens: 0}}}\n",
+         r"field engine\.speculative\.num_speculative_tokens: Input should be greater than or equal to 1"),
+    ],
+)  # fmt: skip
+def test_a_bad_site_override_is_refused_naming_the_field(tmp_path: Path, text: str, message: str) -> None:
+    from specdeploy.core.errors import ProfileError
+
+    with pytest.raises(ProfileError, match=message):
+        load_profile(_override(tmp_path, text))
+
+
+def test_the_deploy_copies_a_site_override_to_the_host_resolved(tmp_path: Path) -> None:
+    """`specdeploy facts` hands the play the resolved profile: it loads on its own (a host has no
+    base beside it) and records the override."""
+    from specdeploy.core import layout
+    from specdeploy.profile.facts import deploy_facts
+
+    text = (
+        "schema_version: 1\nextends: cpu-rehearsal\noverrides: {engine: {speculative: {num_speculative_tokens: 4}}}\n"
+    )
+    tuned = load_profile(_override(tmp_path / "site", text))
+    facts = deploy_facts(tuned, layout.HostLayout(), layout.InstallLayout())["profile"]
+    assert facts["site_override"] is True
+    copy = tmp_path / "host" / "cpu-rehearsal.yaml"
+    copy.parent.mkdir()
+    copy.write_text(facts["resolved"])
+    assert load_profile(copy) == tuned
+    plain = deploy_facts(load_profile("cpu-rehearsal"), layout.HostLayout(), layout.InstallLayout())["profile"]
+    assert plain["site_override"] is False and plain["resolved"] is None
+
+
+def test_apply_writes_a_site_override_whose_bands_move_with_k(cli: Any, tmp_path: Path) -> None:
+    """From measured runs (k=8 and none, known curve 0.9^i) on cpu-rehearsal (k=3, band [2.2, 3.9]):
+    the pick k=4 is written with the band's lower edge moved along the curve and its upper edge kept
+    under k + 1; the file loads as the profile with that k."""
+    curve = [0.9**i for i in range(1, 9)]
+
+    def tok_s(k: int) -> float:
+        return 1000 * (1 + sum(curve[:k])) / (10 + 3 * k)
+
+    runs = [_run("k8", 8, [_level(1, tok_s(8), 1 + sum(curve), curve)]), _run("off", 0, [_level(1, tok_s(0))])]
+    report = reports.save(reports.make(_workload(concurrency=(1,)), runs), tmp_path / "report.json")
+    base = load_profile("cpu-rehearsal")
+    result = cli("tune", "--from-report", report, "--apply", tmp_path / "site", "--profile", "cpu-rehearsal")
+    assert result.exit_code == 0, result.output
+    assert "site override written: " in result.stdout and "ansible-playbook deploy.yml -l HOST" in result.stdout
+    tuned = load_profile(tmp_path / "site" / "cpu-rehearsal.yaml")
+    assert tuned.engine.speculative.num_speculative_tokens == 4
+    length = lambda k: 1 + sum(curve[:k])  # noqa: E731
+    low = 1 + (base.smoke.acceptance_length.min - 1) * (length(4) - 1) / (length(3) - 1)
+    assert tuned.smoke.acceptance_length.min == pytest.approx(low, abs=0.01)
+    assert tuned.smoke.acceptance_length.max == min(base.smoke.acceptance_length.max, 4.95)
+    assert "specdeploy tune" in tuned.smoke.acceptance_length.source
+    assert tuned.site_override is not None and "k=4 recommended at concurrency 1" in (tuned.site_override.note or "")
+    assert [p.name for p in (tmp_path / "site").iterdir()] == ["cpu-rehearsal.yaml"]
+
+
+def test_an_override_the_profile_refuses_is_never_written(tmp_path: Path) -> None:
+    """DFlash's block size bounds k (a6000-dflash: 15): k=20 is refused naming the field, and nothing
+    is left in the folder."""
+    from specdeploy.core.errors import ProfileError
+
+    profile = load_profile("a6000-dflash")
+    curve = [0.7 * 0.7**i for i in range(20)]
+    with pytest.raises(ProfileError, match="num_speculative_tokens"):
+        tune.write_override(tmp_path, profile, 20, curve, "too many")
+    assert list(tmp_path.iterdir()) == []

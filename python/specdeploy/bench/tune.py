@@ -18,12 +18,19 @@ gaps); every other figure is labelled interpolated or extrapolated. The pick is 
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import yaml
 
 from specdeploy.bench.report import Level, Report
+from specdeploy.core import atomic
 from specdeploy.core.errors import UsageError
+from specdeploy.profile import Profile
 
 NEAR_BEST = 0.01  # a smaller k within 1% of the best is preferred
 
@@ -50,6 +57,7 @@ class Recommendation:
     predictions: list[Prediction]
     reasons: list[str] = field(default_factory=list)
     fit: str = ""
+    curve: list[float] = field(default_factory=list)  # per-position acceptance the model used
 
     def prediction(self, k: int) -> Prediction:
         return next(p for p in self.predictions if p.k == k)
@@ -144,7 +152,7 @@ def recommend_level(report: Report, concurrency: int, max_k: int | None = None) 
         predictions.append(Prediction(k, seen if seen is not None else model, model, length, step, basis, seen))
     best = max(p.tok_s for p in predictions)
     pick = min(p.k for p in predictions if p.tok_s >= best * (1 - NEAR_BEST))
-    return Recommendation(concurrency, pick, predictions, _reasons(predictions, pick, curve, b), how)
+    return Recommendation(concurrency, pick, predictions, _reasons(predictions, pick, curve, b), how, curve)
 
 
 def _reasons(predictions: list[Prediction], pick: int, curve: list[float], b: float) -> list[str]:
@@ -172,3 +180,77 @@ def _reasons(predictions: list[Prediction], pick: int, curve: list[float], b: fl
 def recommend(report: Report, max_k: int | None = None) -> list[Recommendation]:
     levels = sorted({lv.concurrency for run in report.runs for lv in run.levels})
     return [recommend_level(report, c, max_k) for c in levels]
+
+
+# --------------------------------------------------------------------------- the chosen k as a site override
+
+LOOP_MARGIN = 0.05  # a band's upper edge stays this far under k + 1, where a token loop (all accepted) sits
+
+
+def _scaled(value: float, length_k: float, length_base: float) -> float:
+    """A floor of acceptance length measured at the base k, moved to another k: its gain over 1 (one
+    token a step, no speculation) scaled by the gain the per-position curve predicts there."""
+    return round(1.0 + (value - 1.0) * (length_k - 1.0) / (length_base - 1.0), 2)
+
+
+def overrides_for(profile: Profile, k: int, curve: list[float]) -> dict[str, Any]:
+    """What a site override must set for `k`, by dotted field: the draft length, and the acceptance
+    bands that depend on it (the profile's, measured at its own k, moved along the measured curve;
+    the upper edge kept under k + 1, where a token loop sits)."""
+    base_k = profile.engine.speculative.num_speculative_tokens
+    if k == base_k:
+        return {"engine.speculative.num_speculative_tokens": k}
+    if len(curve) < max(k, base_k):
+        raise TuneError(
+            f"acceptance is known for {len(curve)} positions: the bands for k={k} (the profile's {base_k}) need "
+            f"{max(k, base_k)}",
+            hint="pass --max-k at least as large as both",
+        )
+    length_base, length_k = 1.0 + sum(curve[:base_k]), 1.0 + sum(curve[:k])
+    band = profile.smoke.acceptance_length
+    low = max(1.0 + LOOP_MARGIN, _scaled(band.min, length_k, length_base))
+    high = min(band.max, round(k + 1 - LOOP_MARGIN, 2))
+    source = (
+        f"specdeploy tune: the profile's band [{band.min}, {band.max}] at k={base_k} moved to k={k} along the "
+        f"measured per-position acceptance ({', '.join(f'{p:.2f}' for p in curve[: max(k, base_k)])}); "
+        f"upper edge under k + 1 = {k + 1}"
+    )
+    flat: dict[str, Any] = {
+        "engine.speculative.num_speculative_tokens": k,
+        "smoke.acceptance_length.min": min(low, high),
+        "smoke.acceptance_length.max": high,
+        "smoke.acceptance_length.source": source,
+    }
+    if profile.watch.acceptance_length_min is not None:
+        flat["watch.acceptance_length_min"] = max(
+            1.0 + LOOP_MARGIN, _scaled(profile.watch.acceptance_length_min, length_k, length_base)
+        )
+    return flat
+
+
+def write_override(directory: Path, profile: Profile, k: int, curve: list[float], note: str) -> Path:
+    """`<directory>/<profile>.yaml`: the site override for `k` (profile.load `extends`), written
+    atomically and loaded back (a value the schema refuses is never left on disk)."""
+    from specdeploy.profile.load import load_profile
+
+    nested: dict[str, Any] = {}
+    for name, value in overrides_for(profile, k, curve).items():
+        *parents, leaf = name.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    document = {"schema_version": 1, "extends": profile.name, "note": note, "overrides": nested}
+    text = (
+        f"# Site override of {profile.name}, written by `specdeploy tune --apply`: deploy it through the gate "
+        "(ansible-playbook deploy.yml -l HOST).\n# Regenerate rather than edit; delete it to go back to the "
+        "profile's own draft length.\n" + yaml.safe_dump(document, sort_keys=False)
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{profile.name}.yaml"
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".check-") as scratch:
+        staged = Path(scratch) / path.name  # the loader wants the file named as the profile it extends
+        atomic.write_bytes(staged, text.encode())
+        load_profile(staged)  # refused here (ProfileError naming the field), never on a host
+        os.replace(staged, path)
+    return path

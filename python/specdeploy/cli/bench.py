@@ -139,6 +139,18 @@ def tune(
         Path, typer.Option("--from-report", help="a bench report: a run at the drafter's largest k and one without")
     ],
     max_k: Annotated[int | None, typer.Option(min=1, max=64, help="the largest k to consider (the drafter's)")] = None,
+    apply: Annotated[
+        Path | None,
+        typer.Option(
+            "--apply",
+            help="write the pick as a site override <DIR>/<profile>.yaml (the inventory's profiles folder; "
+            "the host's specdeploy_profiles_src points there), for a gated deploy",
+        ),
+    ] = None,
+    profile: Annotated[str | None, typer.Option("--profile", "-p", help="with --apply: the host's profile")] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(min=1, help="with --apply: the level whose pick is applied (default: the highest)")
+    ] = None,
     as_json: base.JsonOpt = False,
 ) -> None:
     """Recommend num_speculative_tokens per level of concurrency from measured runs: the throughput
@@ -147,8 +159,23 @@ def tune(
     from specdeploy.bench import report as reports
     from specdeploy.bench import tune as tuner
 
+    if apply is not None and profile is None:
+        raise UsageError("--apply needs --profile: the profile the override extends", hint="pass --profile NAME")
     picks = tuner.recommend(reports.load(from_report), max_k)
-    data = {"report": str(from_report), "recommendations": [r.to_json() for r in picks]}
+    data: dict[str, Any] = {"report": str(from_report), "recommendations": [r.to_json() for r in picks]}
+    if apply is not None and profile is not None:
+        from specdeploy.profile import load_profile
+
+        level = concurrency or max(r.concurrency for r in picks)
+        chosen = next((r for r in picks if r.concurrency == level), None)
+        if chosen is None:
+            raise UsageError(
+                f"--concurrency {level}: the report measured {', '.join(str(r.concurrency) for r in picks)}",
+                hint="pass one of the report's levels",
+            )
+        note = f"k={chosen.k} recommended at concurrency {level} from {from_report.name} ({chosen.reasons[0]})"
+        written = tuner.write_override(apply, load_profile(profile), chosen.k, chosen.curve, note)
+        data["applied"] = {"file": str(written), "k": chosen.k, "concurrency": level}
 
     def show() -> None:
         for rec in picks:
@@ -162,6 +189,15 @@ def tune(
             for reason in rec.reasons:
                 output.out.print(output.line("  ", reason), highlight=False)
             output.out.print(f"recommended at concurrency {rec.concurrency}: num_speculative_tokens = {rec.k}")
+        if "applied" in data:
+            output.out.print(output.line("site override written: ", data["applied"]["file"]), highlight=False)
+            output.out.print(
+                output.line(
+                    "next: deploy it through the gate: set specdeploy_profiles_src to that folder for the host "
+                    "(host_vars) and run `ansible-playbook deploy.yml -l HOST`; a k that fails its gate is rolled back"
+                ),
+                highlight=False,
+            )
 
     output.emit(data, as_json, show)
 

@@ -14,8 +14,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from specdeploy.core import layout
 from specdeploy.profile.schema import Profile
+
+
+def resolved_yaml(profile: Profile) -> str:
+    """The profile as one self-contained YAML document (what a host keeps of a site override)."""
+    source = profile.site_override.file if profile.site_override else "its file"
+    header = f"# {profile.name}, resolved from {source}: written by the deploy, do not edit\n"
+    return header + yaml.safe_dump(profile.model_dump(mode="json", exclude_none=False), sort_keys=False)
 
 
 def deploy_facts(
@@ -64,6 +73,10 @@ def deploy_facts(
             "gated_repos": gated,
             # the secret the engine's API key is stored as (engine.secret), or None: no key
             "api_key": profile.engine.serve.api_key.secret if profile.engine.serve.api_key else None,
+            # a site's override file (profile.load `extends`): the host gets the resolved profile, which
+            # records the override, never a file that needs its base beside it
+            "site_override": profile.site_override is not None,
+            "resolved": resolved_yaml(profile) if profile.site_override is not None else None,
         },
         "install": installed,
         # venv runtime: the engine's own archive and venv root (None for container profiles)

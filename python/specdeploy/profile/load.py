@@ -17,6 +17,7 @@ itself is read through `core.files`: a regular file, at most 1 MiB, UTF-8.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from pathlib import Path
@@ -330,9 +331,99 @@ def read_profile_data(path: Path) -> Any:
     return parse_yaml(files.decode(data, path, what="profile"), str(path))
 
 
+# What a site's override file may change, by dotted field name: the draft length a site tunes for its
+# own hosts (`specdeploy tune --apply` writes it) and the acceptance bands that move with it (bench.tune
+# derives them from the profile's own and the measured acceptance); never a pin, a path or another check.
+TUNABLE = (
+    "engine.speculative.num_speculative_tokens",
+    "smoke.acceptance_length.min",
+    "smoke.acceptance_length.max",
+    "smoke.acceptance_length.source",
+    "watch.acceptance_length_min",
+)
+OVERRIDE_KEYS = {"schema_version", "extends", "overrides", "note"}
+OVERRIDE_HINT = (
+    "a site override holds schema_version: 1, extends: <a shipped profile's name>, overrides: {field: value} "
+    f"with fields among {', '.join(TUNABLE)}, and an optional note (`specdeploy tune --apply` writes one)"
+)
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict) or not data:
+        return {prefix: data}
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        flat |= _flatten(value, f"{prefix}.{key}" if prefix else str(key))
+    return flat
+
+
+def is_override(data: Any) -> bool:
+    return isinstance(data, dict) and "extends" in data
+
+
+def apply_override(data: dict[str, Any], path: Path) -> Profile:
+    """A site's override file resolved: its base, a shipped profile (never another override, never the
+    file itself), with the tunable values it sets. The result keeps the base's name, so the site's
+    lock entries (revisions, hashes) stay the base's; its `site_override` says what changed."""
+    origin = str(path)
+    extra = sorted(set(data) - OVERRIDE_KEYS)
+    if extra:
+        raise ProfileError(f"{origin}: field {extra[0]}: not part of a site override", hint=OVERRIDE_HINT)
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ProfileError(
+            f"{origin}: field schema_version: expected {SCHEMA_VERSION}, found {_short(data.get('schema_version'))}",
+            hint=OVERRIDE_HINT,
+        )
+    base_name = data.get("extends")
+    if not isinstance(base_name, str) or base_name != path.stem:
+        raise ProfileError(
+            f"{origin}: field extends: expected {path.stem!r} (the file's name: the site's file stands in for "
+            f"that profile), found {_short(base_name)}",
+            hint=OVERRIDE_HINT,
+        )
+    overrides = data.get("overrides")
+    if not isinstance(overrides, dict) or not overrides:
+        raise ProfileError(f"{origin}: field overrides: expected a mapping of values, found {_short(overrides)}",
+                           hint=OVERRIDE_HINT)  # fmt: skip
+    flat = _flatten(overrides)
+    for field in flat:
+        if field not in TUNABLE:
+            raise ProfileError(
+                f"{origin}: field overrides.{field}: a site override may set only {', '.join(TUNABLE)}",
+                hint="change anything else in the profile itself (reviewed and committed), not per site",
+            )
+    note = data.get("note")
+    if note is not None and not isinstance(note, str):
+        raise ProfileError(f"{origin}: field note: expected text, found {_short(note)}", hint=OVERRIDE_HINT)
+    here = path.resolve()
+    bases = [d / f"{base_name}.yaml" for d in profile_dirs()]
+    base_path = next((b for b in bases if b.resolve() != here and os.path.lexists(b)), None)
+    if base_path is None:
+        raise ProfileError(
+            f"{origin}: field extends: no shipped profile named {base_name!r} (searched "
+            f"{', '.join(str(d) for d in profile_dirs())})",
+            hint="name a profile of `specdeploy profile list`",
+        )
+    base = read_profile_data(base_path)
+    if is_override(base):
+        raise ProfileError(f"{origin}: field extends: {base_path} is itself a site override", hint=OVERRIDE_HINT)
+    merged = copy.deepcopy(base)
+    for field, value in flat.items():
+        *parents, leaf = field.split(".")
+        node = merged
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    merged["site_override"] = {"file": origin, "overrides": flat, "note": note}
+    return parse_profile(merged, f"{origin} (extending {base_path})")
+
+
 def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     path = resolve_profile_path(name_or_path)
-    profile = parse_profile(read_profile_data(path), str(path))
+    data = read_profile_data(path)
+    if is_override(data):
+        return apply_override(data, path)
+    profile = parse_profile(data, str(path))
     if profile.name != path.stem:
         raise ProfileError(
             f"{path}: field name: expected {path.stem!r} (the file name), found {profile.name!r}",

@@ -1084,6 +1084,15 @@ class MigrationSpec(_Strict):
     )
 
 
+class SiteOverride(_Strict):
+    """Where a profile came from when a site's override file extended a shipped one
+    (profile.load: `extends` + `overrides`); None for a profile loaded as written."""
+
+    file: str = Field(description="the override file, as the controller read it")
+    overrides: dict[str, Any] = Field(description="the values it set, by dotted field name")
+    note: str | None = Field(None, description="why (e.g. the tuner's figures)")
+
+
 class Profile(_Strict):
     schema_version: Literal[1]
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
@@ -1098,6 +1107,9 @@ class Profile(_Strict):
     front: FrontSpec = Field(default_factory=FrontSpec)
     migration: MigrationSpec = Field(default_factory=MigrationSpec)
     bench: BenchSpec = Field(default_factory=BenchSpec)
+    site_override: SiteOverride | None = Field(
+        None, description="set by the loader for a site's override file (never written in a profile)"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:
