@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -28,8 +29,8 @@ from typing import Any
 
 from specdeploy.bench.report import NOT_EXPOSED, Level, Run
 from specdeploy.bench.workload import Workload
-from specdeploy.core import atomic, files
-from specdeploy.core.errors import SpecdeployError
+from specdeploy.core import atomic, files, layout
+from specdeploy.core.errors import SpecdeployError, UsageError
 from specdeploy.profile import Profile
 from specdeploy.smoke import clients, metrics
 from specdeploy.smoke.responses import EngineResponseError, EngineUnavailable
@@ -128,7 +129,7 @@ def _snapshot(url: str) -> counters.Snapshot | None:
         return None
 
 
-def _tail(path: Path) -> str:
+def tail(path: Path) -> str:
     try:
         with path.open("rb") as f:
             f.seek(max(0, path.stat().st_size - 4096))
@@ -161,12 +162,12 @@ def _execute(argv: list[str], env: dict[str, str], log: Path, what: str, timeout
                     hint="lower bench.requests_per_level or output_tokens, or raise --timeout",
                 )
             if now >= next_line:
-                say(f"{what}: {now - started:.0f} s, last: {_tail(log) or '(nothing printed yet)'}")
+                say(f"{what}: {now - started:.0f} s, last: {tail(log) or '(nothing printed yet)'}")
                 next_line = now + PROGRESS_S
             time.sleep(0.5)
     if proc.returncode != 0:
         raise BenchError(
-            f"{what}: vllm bench serve exited {proc.returncode}: {_tail(log)} (log: {log})",
+            f"{what}: vllm bench serve exited {proc.returncode}: {tail(log)} (log: {log})",
             hint="read the log; `python -c 'import vllm'` must work with the --python given",
         )
 
@@ -222,6 +223,24 @@ def level_from(
         counter_note=note,
         **acceptance,
     )
+
+
+def host_defaults(profile: Profile, host: layout.HostLayout, unit_file: Path | None = None) -> tuple[str, Path]:
+    """On an engine host: the engine's own python (the installed unit's ExecStart) and the served
+    target's folder (its tokenizer), for `bench run` without --python and --tokenizer."""
+    if profile.engine.runtime != "venv":
+        raise UsageError(
+            f"profile {profile.name} runs its engine in a container: pass --python (a python that imports vllm: "
+            "run the bench where one is, e.g. inside the engine image) and --tokenizer",
+            hint="on a venv host both default to the engine's own; the container path is not automated yet",
+        )
+    unit = unit_file or layout.UNIT_FILES["venv"]
+    text = files.read_text(unit, what="engine unit", limit=files.LIMITS["json"],
+                           hint="run the bench on the engine host after a deploy, or pass --python")  # fmt: skip
+    found = re.search(r"^ExecStart=(\S+)", text, re.M)
+    if found is None:
+        raise UsageError(f"{unit}: no ExecStart= line: the engine's python is unknown", hint="pass --python")
+    return found.group(1), host.target_serving
 
 
 def _served_k(target: Target) -> int:

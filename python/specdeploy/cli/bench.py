@@ -3,7 +3,6 @@ workload, and a draft length recommended from what was measured."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,10 +59,20 @@ def _finish(report: Any, out: Path, plots: bool, as_json: bool) -> None:
 @bench_app.command("run")
 def bench_run(
     profile: Annotated[list[str], typer.Option("--profile", "-p", help="each endpoint's profile (name or file)")],
-    endpoint: Annotated[list[str], typer.Option(help="each engine's base URL, on its host's loopback")],
-    python: Annotated[str, typer.Option(help="a python of the engine's environment (it imports vllm)")],
-    tokenizer: Annotated[Path, typer.Option(help="the served target's model folder (its tokenizer)")],
     out: OutOpt,
+    endpoint: Annotated[
+        list[str] | None,
+        typer.Option(help="each engine's base URL (default: this host's engine, http://127.0.0.1:<profile port>)"),
+    ] = None,
+    python: Annotated[
+        str | None, typer.Option(help="a python that imports vllm (default on an engine host: the engine's own)")
+    ] = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option(help="the served target's folder (default on an engine host: the served one)")
+    ] = None,
+    state_dir: base.StateDirOpt = None,
+    models_dir: base.ModelsDirOpt = None,
+    serving_dir: base.ServingDirOpt = None,
     label: Annotated[list[str] | None, typer.Option(help="each endpoint's label (default: its profile's name)")] = None,
     workload: Annotated[
         Path | None,
@@ -80,10 +89,13 @@ def bench_run(
     from specdeploy.bench import report as reports
     from specdeploy.bench import run as bench
     from specdeploy.bench import workload as workloads
+    from specdeploy.engine import secret
     from specdeploy.profile import load_profile
     from specdeploy.smoke.clients import endpoint_problem
 
     labels = label or []
+    profiles = [load_profile(p) for p in profile]
+    endpoint = endpoint or [f"http://127.0.0.1:{p.engine.serve.port}" for p in profiles]
     if len(profile) != len(endpoint) or (labels and len(labels) != len(endpoint)):
         raise UsageError(
             f"--profile given {len(profile)} times, --endpoint {len(endpoint)}, --label {len(labels)}: expected one "
@@ -95,14 +107,17 @@ def bench_run(
             raise UsageError(
                 f"--endpoint {url!r}: {problem}", hint="give the engine's base URL, e.g. http://127.0.0.1:8000"
             )
-    profiles = [load_profile(p) for p in profile]
+    host = base.host_layout(models_dir=models_dir, serving_dir=serving_dir, state_dir=state_dir)
+    if python is None or tokenizer is None:
+        found_python, found_tokenizer = bench.host_defaults(profiles[0], host)
+        python, tokenizer = python or found_python, tokenizer or found_tokenizer
     chosen = workloads.load(workload, profiles[0]) if workload else workloads.from_profile(profiles[0])
     names = labels or [p.name for p in profiles]
     if len(set(names)) != len(names):
         raise UsageError(f"labels {names}: expected one per endpoint, all different", hint="pass --label for each")
-    key = os.environ.get("SPECDEPLOY_API_KEY") or None
     runs = []
     for prof, url, name in zip(profiles, endpoint, names, strict=True):
+        key = secret.read(prof, host)  # $SPECDEPLOY_API_KEY, else the host's key file: never argv
         served = prof.engine.serve.served_model_name
         if served != chosen.served_model:
             raise UsageError(
@@ -134,10 +149,35 @@ def bench_compare(
     _finish(merged, out, plots, as_json)
 
 
+def _print_picks(picks: list[Any]) -> None:
+    for rec in picks:
+        table = Table("k", "tok/s", "tokens/step", "step ms", "basis", title=f"concurrency {rec.concurrency}")
+        for p in rec.predictions:
+            mark = " <- pick" if p.k == rec.k else ""
+            table.add_row(*output.cells(p.k, f"{p.tok_s:.1f}{mark}", f"{p.acceptance_length:.2f}",
+                                        f"{p.step_ms:.1f}", p.basis))  # fmt: skip
+        output.out.print(table)
+        output.out.print(output.line("model: ", rec.fit), highlight=False)
+        for reason in rec.reasons:
+            output.out.print(output.line("  ", reason), highlight=False)
+        output.out.print(f"recommended at concurrency {rec.concurrency}: num_speculative_tokens = {rec.k}")
+
+
+def _ks(text: str) -> list[int]:
+    try:
+        ks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        ks = []
+    if not ks or any(not 1 <= k <= 64 for k in ks) or len(set(ks)) != len(ks):
+        raise UsageError(f"--ks {text!r}: expected distinct draft lengths 1..64 separated by commas, e.g. 1,2,4")
+    return ks
+
+
 def tune(
     from_report: Annotated[
-        Path, typer.Option("--from-report", help="a bench report: a run at the drafter's largest k and one without")
-    ],
+        Path | None,
+        typer.Option("--from-report", help="a bench report: a run at the drafter's largest k and one without"),
+    ] = None,
     max_k: Annotated[int | None, typer.Option(min=1, max=64, help="the largest k to consider (the drafter's)")] = None,
     apply: Annotated[
         Path | None,
@@ -147,25 +187,75 @@ def tune(
             "the host's specdeploy_profiles_src points there), for a gated deploy",
         ),
     ] = None,
-    profile: Annotated[str | None, typer.Option("--profile", "-p", help="with --apply: the host's profile")] = None,
+    profile: Annotated[
+        str | None, typer.Option("--profile", "-p", help="with --apply or --sweep: the host's profile")
+    ] = None,
     concurrency: Annotated[
         int | None, typer.Option(min=1, help="with --apply: the level whose pick is applied (default: the highest)")
     ] = None,
+    sweep: Annotated[
+        str | None,
+        typer.Option("--sweep", help="draft lengths to deploy and measure, e.g. 1,2,4 (each a gated deploy)"),
+    ] = None,
+    inventory: Annotated[Path | None, typer.Option(help="with --sweep: the site's inventory")] = None,
+    host: Annotated[str | None, typer.Option(help="with --sweep: the engine host, as the inventory names it")] = None,
+    overrides: Annotated[
+        Path | None, typer.Option(help="with --sweep: the folder the override is written to (the host's profiles)")
+    ] = None,
+    playbook: Annotated[Path, typer.Option(help="with --sweep: the site's deploy play")] = Path("deploy.yml"),
+    extra_var: Annotated[
+        list[str] | None, typer.Option("--extra-var", "-e", help="with --sweep: K=V for every deploy (repeat)")
+    ] = None,
+    vault_password_file: Annotated[Path | None, typer.Option(help="with --sweep: for the play")] = None,
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="with --sweep: bench runs per k")] = 1,
+    bench_arg: Annotated[
+        list[str] | None, typer.Option(help="with --sweep: an option for `bench run` on the host (repeat)")
+    ] = None,
+    workload: Annotated[Path | None, typer.Option(help="with --sweep: the workload file")] = None,
+    out: Annotated[Path | None, typer.Option(help="with --sweep: the folder for the sweep's report")] = None,
     as_json: base.JsonOpt = False,
 ) -> None:
     """Recommend num_speculative_tokens per level of concurrency from measured runs: the throughput
     of every k predicted from per-position acceptance and step times (what was measured shown as
-    measured, the rest labelled interpolated or extrapolated), the pick and its reasons."""
+    measured, the rest labelled interpolated or extrapolated), the pick and its reasons.
+
+    --from-report FILE answers offline. --sweep K,K,... measures: each k is written as a site
+    override and deployed with the site's play through the gate (a k that fails its gate is rolled
+    back by the play, recorded, never measured), then benched on the host. Exit 0, 1 a sweep's k failed
+    its gate (the others measured), 2 bad input."""
     from specdeploy.bench import report as reports
     from specdeploy.bench import tune as tuner
+    from specdeploy.profile import load_profile
 
-    if apply is not None and profile is None:
-        raise UsageError("--apply needs --profile: the profile the override extends", hint="pass --profile NAME")
-    picks = tuner.recommend(reports.load(from_report), max_k)
-    data: dict[str, Any] = {"report": str(from_report), "recommendations": [r.to_json() for r in picks]}
-    if apply is not None and profile is not None:
-        from specdeploy.profile import load_profile
+    if (from_report is None) == (sweep is None):
+        raise UsageError("give --from-report FILE or --sweep K,K,...", hint="one of the two: offline or measured")
+    if (apply is not None or sweep is not None) and profile is None:
+        raise UsageError("--apply and --sweep need --profile: the profile the override extends", hint="pass --profile")
+    data: dict[str, Any] = {}
+    failed = False
+    if sweep is not None:
+        from specdeploy.bench import sweep as sweeps
 
+        if inventory is None or host is None or overrides is None or out is None:
+            raise UsageError("--sweep needs --inventory, --host, --overrides and --out", hint="pass all four")
+        plan = sweeps.Plan(
+            profile=load_profile(profile or ""), ks=_ks(sweep), inventory=inventory, host=host,
+            playbook=playbook.absolute(), overrides=overrides.absolute(), workdir=out.absolute(),
+            extra_vars=extra_var or [], vault_password_file=vault_password_file, repeats=repeats,
+            bench_args=bench_arg or [], workload=workload,
+        )  # fmt: skip
+        report, steps, picks = sweeps.Sweep(
+            plan, lambda line: output.err.print(line, highlight=False, markup=False)
+        ).run()
+        reports.save(report, out / "report.json")
+        failed = any(not s.deployed for s in steps)
+        data = {"report": str(out / "report.json"), "steps": [s.to_json() for s in steps]}
+    else:
+        assert from_report is not None
+        picks = tuner.recommend(reports.load(from_report), max_k)
+        data = {"report": str(from_report)}
+    data["recommendations"] = [r.to_json() for r in picks]
+    if apply is not None and profile is not None and picks:
         level = concurrency or max(r.concurrency for r in picks)
         chosen = next((r for r in picks if r.concurrency == level), None)
         if chosen is None:
@@ -173,22 +263,18 @@ def tune(
                 f"--concurrency {level}: the report measured {', '.join(str(r.concurrency) for r in picks)}",
                 hint="pass one of the report's levels",
             )
-        note = f"k={chosen.k} recommended at concurrency {level} from {from_report.name} ({chosen.reasons[0]})"
+        note = f"k={chosen.k} recommended at concurrency {level} from {Path(data['report']).name} ({chosen.reasons[0]})"
         written = tuner.write_override(apply, load_profile(profile), chosen.k, chosen.curve, note)
         data["applied"] = {"file": str(written), "k": chosen.k, "concurrency": level}
 
     def show() -> None:
-        for rec in picks:
-            table = Table("k", "tok/s", "tokens/step", "step ms", "basis", title=f"concurrency {rec.concurrency}")
-            for p in rec.predictions:
-                mark = " <- pick" if p.k == rec.k else ""
-                table.add_row(*output.cells(p.k, f"{p.tok_s:.1f}{mark}", f"{p.acceptance_length:.2f}",
-                                            f"{p.step_ms:.1f}", p.basis))  # fmt: skip
-            output.out.print(table)
-            output.out.print(output.line("model: ", rec.fit), highlight=False)
-            for reason in rec.reasons:
-                output.out.print(output.line("  ", reason), highlight=False)
-            output.out.print(f"recommended at concurrency {rec.concurrency}: num_speculative_tokens = {rec.k}")
+        for step in data.get("steps", []):
+            gate = step["gate"] or {}
+            how = "passed its gate, measured" if step["deployed"] else (
+                f"FAILED its gate ({gate.get('verdict') or 'not reached'}): rolled back, not measured"
+            )  # fmt: skip
+            output.out.print(output.line(f"k={step['k']}: ", how, f" (run {step['run_id']}, log {step['log']})"))
+        _print_picks(picks)
         if "applied" in data:
             output.out.print(output.line("site override written: ", data["applied"]["file"]), highlight=False)
             output.out.print(
@@ -200,6 +286,8 @@ def tune(
             )
 
     output.emit(data, as_json, show)
+    if failed:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

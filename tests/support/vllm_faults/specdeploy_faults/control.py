@@ -17,7 +17,10 @@ ENV = "SPECDEPLOY_FAULT_FILE"
 LOSSY_VERIFIER = "lossy_verifier"
 LOSSY_UNDER_CONCURRENCY = "lossy_under_concurrency"
 PREFIX_CACHE_SWAP = "prefix_cache_swap"
-FAULTS = (LOSSY_VERIFIER, LOSSY_UNDER_CONCURRENCY, PREFIX_CACHE_SWAP)
+# a draft length that breaks: greedy verification accepts every draft only where the engine drafts 1 token
+# a step (a deployed engine's k is its own; a sweep over k meets the fault at k=1 alone)
+LOSSY_AT_K1 = "lossy_verifier_at_k1"
+FAULTS = (LOSSY_VERIFIER, LOSSY_UNDER_CONCURRENCY, PREFIX_CACHE_SWAP, LOSSY_AT_K1)
 
 _Stamp = tuple[int, int, int]
 

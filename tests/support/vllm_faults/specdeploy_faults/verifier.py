@@ -11,7 +11,8 @@ The original runs unchanged; when the fault is on, each greedy request's row of 
 with all its draft tokens followed by its bonus token (the target's choice after the last draft, which the
 verification pass computed with every draft in context): the result the target would give were it to agree
 with the draft everywhere. Random-sampling rows are left alone. `lossy_under_concurrency` does this only when
-the verification batch holds more than one request.
+the verification batch holds more than one request; `lossy_verifier_at_k1` only when the engine drafts one
+token a step (`max_spec_len` 1: a sweep over k meets it at k=1 alone).
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ def _accept_all(
         output[row, count] = bonus[row]
 
 
-def _lossy(num_draft_tokens: list[int]) -> bool:
+def _lossy(num_draft_tokens: list[int], max_spec_len: int) -> bool:
     fault = control.active()
     if fault == control.LOSSY_VERIFIER:
         return True
+    if fault == control.LOSSY_AT_K1:
+        return max_spec_len == 1
     return fault == control.LOSSY_UNDER_CONCURRENCY and len(num_draft_tokens) > 1
 
 
@@ -87,7 +90,7 @@ def install() -> None:
             *args,
             **kwargs,
         )
-        if _lossy(num_draft_tokens):
+        if _lossy(num_draft_tokens, max_spec_len):
             _accept_all(
                 output, draft_token_ids, num_draft_tokens, cu_num_draft_tokens, bonus_token_ids, sampling_metadata
             )

@@ -1,0 +1,227 @@
+"""`specdeploy tune --sweep`: measure real throughput at each draft length, each one a gated deploy.
+
+Failure prevented: k changed by hand on a running engine (an ungated restart), or a sweep that leaves
+a host on a k nobody proved. Here each k is the site override `tune.write_override` writes, deployed
+with the site's own play (`ansible-playbook deploy.yml -l HOST`, the smoke gate and its rollback
+included); a k whose gate fails is rolled back by the play to the stack before it, recorded as
+failed, and never measured. Each k that passes is measured on the engine host itself (`specdeploy
+bench run` over SSH, against the engine's loopback, `repeats` times); the sweep's report holds every
+measured run, and the tuner fits its model to them.
+
+Before the first k the deployed stack is measured as it is: its per-position acceptance gives each k's
+acceptance bands (tune.overrides_for). The host is left on the last k that passed its gate; the
+override file in the sweep's folder says which.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdeploy.bench import report as reports
+from specdeploy.bench import tune
+from specdeploy.bench.report import Report, Run
+from specdeploy.bench.run import PROGRESS_S, BenchError, tail
+from specdeploy.core import files, layout
+from specdeploy.core.programs import ansible_program
+from specdeploy.gate.run import new_run_id
+from specdeploy.migrate import hosts
+from specdeploy.profile import Profile
+
+DEPLOY_TIMEOUT_S = 3600.0
+BENCH_TIMEOUT_S = 3600.0
+
+
+@dataclass
+class Step:
+    """One k of the sweep."""
+
+    k: int
+    run_id: str
+    deployed: bool
+    gate: dict[str, Any] | None = None  # verdict, message, rollback of the deploy's gate report
+    runs: list[Run] = field(default_factory=list)
+    log: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "k": self.k,
+            "run_id": self.run_id,
+            "deployed": self.deployed,
+            "gate": self.gate,
+            "runs": [r.label for r in self.runs],
+            "log": self.log,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the sweep deploys and where."""
+
+    profile: Profile  # the host's profile (the override extends it)
+    ks: list[int]
+    inventory: Path
+    host: str
+    playbook: Path
+    overrides: Path  # the folder the host's specdeploy_profiles_src names; <profile>.yaml is written there
+    workdir: Path
+    extra_vars: list[str] = field(default_factory=list)  # -e K=V for each play
+    vault_password_file: Path | None = None
+    repeats: int = 1
+    bench_args: list[str] = field(default_factory=list)  # host paths for `bench run`, e.g. --models-dir
+    workload: Path | None = None
+
+
+class Sweep:
+    def __init__(self, plan: Plan, say: Any) -> None:
+        self.plan = plan
+        self.say = say
+        self.access = hosts.access(plan.inventory, plan.host, vault_password_file=plan.vault_password_file)
+        self.connection = hosts.connect(self.access)
+        self.cli = layout.InstallLayout().to_json()["cli"]
+        self.state = Path(str(self.access.variables.get("specdeploy_state_dir") or layout.DATA_ROOT))
+
+    # ----------------------------------------------------------------- the host
+    def _remote(self, command: str, timeout: float) -> Any:
+        return self.connection.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
+
+    def bench(self, label: str) -> Report:
+        """`specdeploy bench run` on the engine host, against its loopback; its report."""
+        plan = self.plan
+        out = f"/tmp/specdeploy-bench-{os.getpid()}-{int(time.time())}"
+        profile_file = f"{layout.InstallLayout().to_json()['profiles']}/{plan.profile.name}.yaml"
+        argv = [self.cli, "bench", "run", "--profile", profile_file, "--label", label, "--out", out, "--no-plots",
+                "--json", *plan.bench_args]  # fmt: skip
+        if plan.workload is not None:
+            self.connection.put(str(plan.workload), f"{out}.workload.yaml")
+            argv += ["--workload", f"{out}.workload.yaml"]
+        self.say(f"sweep: bench {label} on {self.access.name}")
+        done = self._remote(shlex.join(argv), BENCH_TIMEOUT_S)
+        self._remote(f"rm -rf {shlex.quote(out)} {shlex.quote(out)}.workload.yaml", 60)
+        if done.exited != 0:
+            last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["(nothing)"])[-1]
+            raise BenchError(f"bench {label} on {self.access.name} exited {done.exited}: {last[:300]}",
+                             hint="run the same `specdeploy bench run` on the host by hand to see why")  # fmt: skip
+        try:
+            data = files.loads(done.stdout)
+            return Report.model_validate({k: v for k, v in data.items() if k not in ("rows", "files")})
+        except Exception as exc:  # noqa: BLE001 - a host's answer is input: any shape is refused the same way
+            raise BenchError(f"bench {label} on {self.access.name}: its report is unusable ({exc})"[:400]) from None
+
+    def gate_report(self, run_id: str) -> dict[str, Any] | None:
+        path = self.state / "runs" / run_id / "gate.json"
+        done = self._remote(f"cat {shlex.quote(str(path))}", 60)
+        if done.exited != 0:
+            return None
+        try:
+            data = files.loads(done.stdout)
+        except files.JSONTextError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        rollback = data.get("rollback") if isinstance(data.get("rollback"), dict) else {}
+        return {
+            "verdict": data.get("verdict"),
+            "message": data.get("message"),
+            "report": str(path),
+            "previous_stack_serves": rollback.get("previous_stack_serves") if rollback else None,
+        }
+
+    # ----------------------------------------------------------------- the deploy
+    def deploy(self, k: int) -> Step:
+        plan = self.plan
+        run_id = new_run_id()
+        argv = [str(ansible_program("ansible-playbook", why="the sweep deploys each k with the site's play")),
+                plan.playbook.name, "-i", str(plan.inventory), "-l", plan.host]  # fmt: skip
+        variables = [*plan.extra_vars, f"specdeploy_profiles_src={plan.overrides}",
+                     f"specdeploy_profile={plan.profile.name}", f"specdeploy_run_id={run_id}"]  # fmt: skip
+        for var in variables:
+            argv += ["-e", var]
+        if plan.vault_password_file is not None:
+            argv += ["--vault-password-file", str(plan.vault_password_file)]
+        log = plan.workdir / f"deploy-k{k}.log"
+        what = f"sweep: deploy k={k} to {plan.host} (run {run_id})"
+        self.say(f"{what}: ansible-playbook {plan.playbook.name} -l {plan.host}")
+        code = _stream(argv, plan.playbook.parent, log, what, self.say)
+        gate = self.gate_report(run_id)
+        step = Step(k, run_id, deployed=code == 0, gate=gate, log=str(log))
+        if code == 0:
+            self.say(f"{what}: passed its gate")
+        else:
+            verdict = (gate or {}).get("verdict") or "not reached"
+            self.say(f"{what}: FAILED (play exit {code}, gate {verdict}); the play restored the stack before it")
+        return step
+
+    # ----------------------------------------------------------------- the sweep
+    def run(self) -> tuple[Report, list[Step], list[tune.Recommendation]]:
+        plan = self.plan
+        plan.workdir.mkdir(parents=True, exist_ok=True)
+        before = self.bench("deployed")  # the stack as it is: its acceptance curve gives each k's bands
+        curve = _curve(before)
+        steps: list[Step] = []
+        runs: list[Run] = list(before.runs)
+        for k in plan.ks:
+            note = f"specdeploy tune --sweep: k={k} (run by {os.environ.get('USER', '?')})"
+            tune.write_override(plan.overrides, plan.profile, k, curve, note)
+            step = self.deploy(k)
+            steps.append(step)
+            if not step.deployed:
+                continue
+            for i in range(plan.repeats):
+                measured = self.bench(f"k={k} #{i + 1}")
+                step.runs += measured.runs
+                runs += measured.runs
+        last = next((s.k for s in reversed(steps) if s.deployed), None)
+        if last is not None:  # the folder names what the host serves
+            tune.write_override(plan.overrides, plan.profile, last, curve, f"specdeploy tune --sweep: k={last}")
+        report = reports.make(before.workload, runs)
+        try:
+            picks = tune.recommend(report)
+        except tune.TuneError as exc:
+            self.say(f"sweep: no recommendation: {exc.message}")
+            picks = []
+        return report, steps, picks
+
+
+def _curve(report: Report) -> list[float]:
+    levels = [lv for run in report.runs for lv in run.levels if lv.per_position]
+    if not levels:
+        raise tune.TuneError(
+            "the deployed stack shows no per-position acceptance: the sweep needs a speculative vLLM stack",
+            hint="deploy the profile as it is first (its k), then sweep",
+        )
+    return list(levels[0].per_position or [])
+
+
+def _stream(argv: list[str], cwd: Path, log: Path, what: str, say: Any) -> int:
+    """Run `argv` with its output in `log`; a line every PROGRESS_S naming the step, the time and
+    the play's last task."""
+    started = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        next_line = started + PROGRESS_S
+        while proc.poll() is None:
+            now = time.monotonic()
+            if now - started > DEPLOY_TIMEOUT_S:
+                proc.terminate()
+                proc.wait()
+                return 124
+            if now >= next_line:
+                say(f"{what}: {now - started:.0f} s, last: {_last_task(log) or tail(log) or '(nothing yet)'}")
+                next_line = now + PROGRESS_S
+            time.sleep(0.5)
+    return proc.returncode
+
+
+def _last_task(log: Path) -> str:
+    try:
+        text = log.read_bytes()[-65536:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+    tasks = [line for line in text.splitlines() if line.startswith(("TASK [", "RUNNING HANDLER ["))]
+    return tasks[-1].split("]")[0] + "]" if tasks else ""
