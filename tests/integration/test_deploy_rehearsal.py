@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -355,6 +356,66 @@ def test_an_interrupted_run_is_recovered_first_and_a_failure_before_the_gate_is_
     assert record["run_id"] != "interrupted-1" and record["closed"] == "restored"
     assert [e["path"] for e in record["entries"]] == [str(DEFAULT.drafter_source)]
     assert host.ssh(f"systemctl is-active {layout.UNIT_NAME}").stdout.strip() == "active"
+
+
+def _served_k(host: Host) -> int:
+    """The draft length the host's engine serves: its per-position counter's labels (vLLM registers
+    one per position at start)."""
+    metrics = host.ssh(
+        "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8100/metrics').read().decode())\""
+    )
+    return len(set(re.findall(r'spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="(\d+)"', metrics.stdout)))
+
+
+def test_tune_sweep_changes_k_only_through_gated_deploys_and_a_k_that_fails_its_gate_is_rolled_back(
+    host: Host, tmp_path: Path, wheelhouse: Path, weights: Path, cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`specdeploy tune --sweep 2,1` on the deployed host: each k is a site override deployed with the
+    play through the gate. k=1 meets a real fault: the engine carries the test-only vLLM plugin
+    (tests/support/vllm_faults) switched to `lossy_verifier_at_k1`, so at k=1 its verifier accepts every
+    draft; the gate fails it, the play rolls back to the k=2 stack, which serves. k=2 passes and is
+    measured on the host. (The site's base profile here is cpu-rehearsal with the plugin on the
+    engine's path: a test-only variant, found first through $SPECDEPLOY_PROFILES.)"""
+    subprocess.run(["podman", "cp", str(ROOT / "tests" / "support" / "vllm_faults"),
+                    f"{host.name}:/opt/specdeploy-test-faults"], check=True)  # fmt: skip
+    host.ssh("chmod -R a+rX /opt/specdeploy-test-faults && echo lossy_verifier_at_k1 > /etc/specdeploy-test-fault")
+    env = {"PYTHONPATH": "/opt/specdeploy-test-faults", "SPECDEPLOY_FAULT_FILE": "/etc/specdeploy-test-fault"}
+    faulty = variants.derive(load_profile("cpu-rehearsal"), "cpu-rehearsal", {"engine": {"env": env}})
+    base = variants.materialize(faulty, tmp_path / "base")
+    monkeypatch.setenv("SPECDEPLOY_PROFILES", str(base.parent))
+    inventory = _site(host) / "hosts.ini"
+    vault = deploy.rehearsal_vault(tmp_path / "secrets", api_key=API_KEY)
+    deploy.playbook_argv(host, inventory, wheels=wheelhouse, archive=weights, run_id="unused", vault=vault)
+    workload = tmp_path / "small.yaml"
+    workload.write_text(
+        "name: small\nprompts:\n  - The quick brown fox jumps over the lazy dog. Tell me a story about it.\n"
+        "output_tokens: 48\nrequests_per_level: 4\nconcurrency: [1]\n"
+    )
+    overrides = tmp_path / "site-profiles"
+    result = cli(
+        "tune", "--sweep", "2,1", "--profile", "cpu-rehearsal", "--inventory", inventory, "--host", host.name,
+        "--overrides", overrides, "--playbook", ROOT / "ansible" / "deploy.yml", "--out", tmp_path / "sweep",
+        "--vault-password-file", vault.password_file, "--workload", workload,
+        "-e", f"specdeploy_wheelhouse_src={wheelhouse}", "-e", "weights_source=archive",
+        "-e", f"weights_archive_src={weights}", "-e", f"specdeploy_models_dir={MODELS}", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output  # a k failed its gate
+    data = json.loads(result.stdout)
+    two, one = data["steps"]
+    assert two["k"] == 2 and two["deployed"] is True and two["gate"]["verdict"] == "pass", two
+    assert one["k"] == 1 and one["deployed"] is False and one["gate"]["verdict"] == "fail", one
+    assert one["gate"]["previous_stack_serves"] is True
+    # the host serves the last k that passed, from the resolved override (its golden is that identity's)
+    assert _served_k(host) == 2
+    copy = host.ssh(f"cat {layout.InstallLayout().to_json()['profiles']}/cpu-rehearsal.yaml").stdout
+    assert "num_speculative_tokens: 2" in copy and "site_override:" in copy
+    assert "num_speculative_tokens: 2" in (overrides / "cpu-rehearsal.yaml").read_text()
+    gate = json.loads(host.ssh(f"cat {DEFAULT.state}/runs/{two['run_id']}/gate.json").stdout)
+    assert gate["golden"]["key"] != "" and gate["verdict"] == "pass"
+    report = json.loads((tmp_path / "sweep" / "report.json").read_text())
+    assert [(r["label"], r["k"]) for r in report["runs"]] == [("deployed", 3), ("k=2 #1", 2)]
+    assert all(lv["per_position"] and lv["failed"] == 0 for r in report["runs"] for lv in r["levels"])
+    assert data["recommendations"] == [] or data["recommendations"][0]["recommended_k"] in range(0, 4)
 
 
 def test_switching_the_host_to_another_engine_release_is_a_deploy(

@@ -349,3 +349,35 @@ def test_an_override_the_profile_refuses_is_never_written(tmp_path: Path) -> Non
     with pytest.raises(ProfileError, match="num_speculative_tokens"):
         tune.write_override(tmp_path, profile, 20, curve, "too many")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sglang_s_acceptance_comes_from_its_per_request_figures_and_positions_are_not_exposed() -> None:
+    """SGLang's /generate answer (the shape of tests/data/sglang/generate.json, built from SGLang's
+    own code: 128 completion tokens in 41 verify steps) from a loopback stand-in: the level's mean
+    acceptance is SGLang's own per-request figure, 128 / 41, through the package's formula."""
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.support.stub import stubs
+
+    body = (DATA.parent / "sglang" / "generate.json").read_bytes()
+
+    class Generate(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    profile = load_profile("a6000-mtp")
+    with stubs() as servers:
+        target = run.Target(profile, servers.start(Generate), "mtp")
+        sample = run._per_request(target, _workload(served_model=profile.engine.serve.served_model_name), 2)
+    assert sample.drafts == 2 * 41 and sample.accepted == 2 * (128 - 41)
+    level = run.level_from(RECORDED, 2, None, engine="sglang", per_request=sample)
+    assert level.mean_acceptance_length == pytest.approx(128 / 41)
+    assert level.per_position is None and level.per_position_note == reports.NOT_EXPOSED

@@ -32,7 +32,7 @@ from specdeploy.bench.workload import Workload
 from specdeploy.core import atomic, files, layout
 from specdeploy.core.errors import SpecdeployError, UsageError
 from specdeploy.profile import Profile
-from specdeploy.smoke import clients, metrics
+from specdeploy.smoke import acceptance, clients, metrics
 from specdeploy.smoke.responses import EngineResponseError, EngineUnavailable
 from specdeploy.watch import counters
 
@@ -185,7 +185,13 @@ def _number(data: dict[str, Any], key: str, result: Path, *, optional: bool = Fa
 
 
 def level_from(
-    result: Path, concurrency: int, moved: counters.Interval | None, *, engine: str, note: str | None = None
+    result: Path,
+    concurrency: int,
+    moved: counters.Interval | None,
+    *,
+    engine: str,
+    note: str | None = None,
+    per_request: acceptance.Sample | None = None,
 ) -> Level:
     """One level from vllm bench serve's result file and the counters' movement over it."""
     data = files.read_json(result, what="benchmark result", limit=RESULT_LIMIT)
@@ -193,11 +199,16 @@ def level_from(
         raise BenchError(f"benchmark result {result}: expected a JSON object, found {type(data).__name__}")
     completed = int(_number(data, "completed", result) or 0)
     failed = int(_number(data, "failed", result, optional=True) or 0)
-    acceptance: dict[str, Any] = {}
-    if engine == "sglang":
-        acceptance["per_position_note"] = NOT_EXPOSED
+    accepted_share: dict[str, Any] = {}
+    if engine == "sglang":  # per-request figures (smoke.clients: completion_tokens / spec_verify_ct)
+        accepted_share["per_position_note"] = NOT_EXPOSED
+        if per_request is not None and per_request.drafts > 0:
+            accepted_share["drafts"] = per_request.drafts
+            accepted_share["mean_acceptance_length"] = acceptance.mean_acceptance_length(
+                per_request.drafts, per_request.accepted
+            )
     elif moved is not None and moved.drafts > 0:
-        acceptance = {
+        accepted_share = {
             "drafts": moved.drafts,
             "mean_acceptance_length": moved.mean_acceptance_length,
             "per_position": [round(r, 6) for r in moved.per_position_rates],
@@ -221,8 +232,19 @@ def level_from(
         itl_ms_p50=_number(data, "median_itl_ms", result, optional=True),
         itl_ms_p99=_number(data, "p99_itl_ms", result, optional=True),
         counter_note=note,
-        **acceptance,
+        **accepted_share,
     )
+
+
+def _per_request(target: Target, workload: Workload, concurrency: int) -> acceptance.Sample:
+    """SGLang counts no drafts in /metrics: one wave of `concurrency` requests of the workload's prompts
+    on its native /generate, whose per-request `meta_info` gives each request's verify steps."""
+    client = clients.client_for("sglang", target.url, workload.served_model, api_key=target.api_key)
+    prompts = [workload.prompts[i % len(workload.prompts)] for i in range(concurrency)]
+    try:
+        return client.acceptance_wave(prompts, max_tokens=workload.output_tokens).sample
+    finally:
+        client.close()
 
 
 def host_defaults(profile: Profile, host: layout.HostLayout, unit_file: Path | None = None) -> tuple[str, Path]:
@@ -288,7 +310,8 @@ def measure(
         after = _snapshot(target.url)
         moved = counters.interval(before, after) if after is not None else None
         note = None if after is not None else f"GET {target.url}/metrics did not answer: no acceptance figures"
-        level = level_from(result, c, moved, engine=target.profile.engine.kind, note=note)
+        sample = _per_request(target, workload, c) if target.profile.engine.kind == "sglang" else None
+        level = level_from(result, c, moved, engine=target.profile.engine.kind, note=note, per_request=sample)
         say(
             f"{what}: {level.output_tokens_per_s:.1f} output tok/s"
             + (f", acceptance length {level.mean_acceptance_length:.2f}" if level.mean_acceptance_length else "")

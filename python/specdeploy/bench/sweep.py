@@ -84,7 +84,8 @@ class Sweep:
         self.access = hosts.access(plan.inventory, plan.host, vault_password_file=plan.vault_password_file)
         self.connection = hosts.connect(self.access)
         self.cli = layout.InstallLayout().to_json()["cli"]
-        self.state = Path(str(self.access.variables.get("specdeploy_state_dir") or layout.DATA_ROOT))
+        state = self.access.variables.get("specdeploy_state_dir")
+        self.state = layout.HostLayout.of(state=str(state) if state else None).state
 
     # ----------------------------------------------------------------- the host
     def _remote(self, command: str, timeout: float) -> Any:
