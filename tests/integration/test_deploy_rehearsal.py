@@ -392,6 +392,8 @@ def test_tune_sweep_changes_k_only_through_gated_deploys_and_a_k_that_fails_its_
         "output_tokens: 48\nrequests_per_level: 4\nconcurrency: [1]\n"
     )
     overrides = tmp_path / "site-profiles"
+    verified = host.ssh(f"readlink {DEFAULT.verified}").stdout.strip()
+    golden_before = json.loads(host.ssh(f"cat {DEFAULT.state}/{verified}/gate.json").stdout)["golden"]["key"]
     result = cli(
         "tune", "--sweep", "2,1", "--profile", "cpu-rehearsal", "--inventory", inventory, "--host", host.name,
         "--overrides", overrides, "--playbook", ROOT / "ansible" / "deploy.yml", "--out", tmp_path / "sweep",
@@ -407,15 +409,18 @@ def test_tune_sweep_changes_k_only_through_gated_deploys_and_a_k_that_fails_its_
     assert one["gate"]["previous_stack_serves"] is True
     # the host serves the last k that passed, from the resolved override (its golden is that identity's)
     assert _served_k(host) == 2
-    copy = host.ssh(f"cat {layout.InstallLayout().to_json()['profiles']}/cpu-rehearsal.yaml").stdout
+    served = layout.unit_profile_file(host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout)
+    copy = host.ssh(f"cat {served}").stdout  # the profile copy the restored unit names
     assert "num_speculative_tokens: 2" in copy and "site_override:" in copy
     assert "num_speculative_tokens: 2" in (overrides / "cpu-rehearsal.yaml").read_text()
     gate = json.loads(host.ssh(f"cat {DEFAULT.state}/runs/{two['run_id']}/gate.json").stdout)
-    assert gate["golden"]["key"] != "" and gate["verdict"] == "pass"
+    assert gate["verdict"] == "pass" and gate["golden"]["key"] != golden_before  # the golden follows k
     report = json.loads((tmp_path / "sweep" / "report.json").read_text())
     assert [(r["label"], r["k"]) for r in report["runs"]] == [("deployed", 3), ("k=2 #1", 2)]
-    assert all(lv["per_position"] and lv["failed"] == 0 for r in report["runs"] for lv in r["levels"])
-    assert data["recommendations"] == [] or data["recommendations"][0]["recommended_k"] in range(0, 4)
+    assert all(len(lv["per_position"]) == r["k"] and lv["failed"] == 0 for r in report["runs"] for lv in r["levels"])
+    (rec,) = data["recommendations"]  # fitted to the two measured k (the line through k=2 and k=3)
+    bases = {p["k"]: p["basis"] for p in rec["predictions"]}
+    assert bases[2] == bases[3] == "measured" and bases[1].startswith("extrapolated"), bases
 
 
 def test_switching_the_host_to_another_engine_release_is_a_deploy(

@@ -50,7 +50,7 @@ def _level(c: int, tok_s: float, length: float | None = None, per_position: list
 
 def _run(label: str, k: int, levels: list[Level]) -> Run:
     return Run(
-        label=label, profile="p", engine="vllm", method="draft_model" if k else None, k=k, endpoint="http://127.0.0.1:1",
+        label=label, profile="cpu-rehearsal", engine="vllm", method="draft_model" if k else None, k=k, endpoint="http://127.0.0.1:1",
         taken_at="2026-12-05T00:00:00+00:00", tool="vllm bench serve", levels=levels,
     )  # fmt: skip
 
@@ -134,7 +134,10 @@ def test_a_bench_result_with_a_wrong_field_is_an_error_naming_it(tmp_path: Path)
     data = json.loads(RECORDED.read_text()) | {"output_throughput": "fast"}
     bad = tmp_path / "c1.json"
     bad.write_text(json.dumps(data))
-    with pytest.raises(run.BenchError, match="field output_throughput: expected a number, found 'fast'"):
+    with pytest.raises(run.BenchError, match="field output_throughput: expected a number >= 0, found 'fast'"):
+        run.level_from(bad, 1, None, engine="vllm")
+    bad.write_text(json.dumps(data | {"output_throughput": -1}))
+    with pytest.raises(run.BenchError, match="field output_throughput: expected a number >= 0, found -1"):
         run.level_from(bad, 1, None, engine="vllm")
 
 
@@ -315,8 +318,9 @@ def test_the_deploy_copies_a_site_override_to_the_host_resolved(tmp_path: Path) 
 
 def test_apply_writes_a_site_override_whose_bands_move_with_k(cli: Any, tmp_path: Path) -> None:
     """From measured runs (k=8 and none, known curve 0.9^i) on cpu-rehearsal (k=3, band [2.2, 3.9]):
-    the pick k=4 is written with the band's lower edge moved along the curve and its upper edge kept
-    under k + 1; the file loads as the profile with that k."""
+    the pick k=4 is written with the band's lower edge moved along the curve and its upper edge as far
+    under the loop ceiling k + 1 as the profile's is under its own, scaled by k; the file loads as the
+    profile with that k."""
     curve = [0.9**i for i in range(1, 9)]
 
     def tok_s(k: int) -> float:
@@ -333,10 +337,15 @@ def test_apply_writes_a_site_override_whose_bands_move_with_k(cli: Any, tmp_path
     length = lambda k: 1 + sum(curve[:k])  # noqa: E731
     low = 1 + (base.smoke.acceptance_length.min - 1) * (length(4) - 1) / (length(3) - 1)
     assert tuned.smoke.acceptance_length.min == pytest.approx(low, abs=0.01)
-    assert tuned.smoke.acceptance_length.max == min(base.smoke.acceptance_length.max, 4.95)
+    # the upper edge keeps the profile's distance under the loop ceiling (3 + 1 - 3.9), scaled by 4 / 3
+    gap = (3 + 1 - base.smoke.acceptance_length.max) * 4 / 3
+    assert tuned.smoke.acceptance_length.max == round(4 + 1 - gap, 2) == 4.87
     assert "specdeploy tune" in tuned.smoke.acceptance_length.source
     assert tuned.site_override is not None and "k=4 recommended at concurrency 1" in (tuned.site_override.note or "")
     assert [p.name for p in (tmp_path / "site").iterdir()] == ["cpu-rehearsal.yaml"]
+    other = cli("tune", "--from-report", report, "--apply", tmp_path / "other", "--profile", "a6000-mtp")
+    assert other.exit_code == 2 and "the report measured cpu-rehearsal: its figures are another stack's" in other.output
+    assert not (tmp_path / "other").exists()
 
 
 def test_an_override_the_profile_refuses_is_never_written(tmp_path: Path) -> None:
@@ -381,3 +390,26 @@ def test_sglang_s_acceptance_comes_from_its_per_request_figures_and_positions_ar
     level = run.level_from(RECORDED, 2, None, engine="sglang", per_request=sample)
     assert level.mean_acceptance_length == pytest.approx(128 / 41)
     assert level.per_position is None and level.per_position_note == reports.NOT_EXPOSED
+
+
+def test_an_override_is_never_written_where_profiles_are_looked_up_nor_over_a_whole_profile(tmp_path: Path) -> None:
+    """Writing into the shipped profiles/ would replace the profile the override extends (which then
+    cannot be found); a whole profile already in the folder is left alone."""
+    from specdeploy.profile.load import profile_dirs
+
+    profile = load_profile("cpu-rehearsal")
+    shipped = profile_dirs()[-1]
+    with pytest.raises(tune.TuneError, match="where profiles are looked up by name"):
+        tune.write_override(shipped, profile, 2, [0.9, 0.8, 0.7], "no")
+    assert load_profile("cpu-rehearsal") == profile
+    whole = _override(tmp_path, (shipped / "cpu-rehearsal.yaml").read_text())
+    with pytest.raises(tune.TuneError, match="is a whole profile, not a site override"):
+        tune.write_override(tmp_path, profile, 2, [0.9, 0.8, 0.7], "no")
+    assert whole.read_text() == (shipped / "cpu-rehearsal.yaml").read_text()
+
+
+def test_bands_cannot_move_along_a_curve_that_accepted_nothing_nor_from_an_override() -> None:
+    profile = load_profile("cpu-rehearsal")
+    with pytest.raises(tune.TuneError, match="no draft was accepted"):
+        tune.overrides_for(profile, 2, [0.0, 0.0, 0.0])
+    assert tune.overrides_for(profile, 6, [0.9, 0.8])["smoke.acceptance_length.source"].count("extrapolated") == 1

@@ -25,6 +25,11 @@ def _pyplot():  # noqa: ANN202 - matplotlib's module
     return plt
 
 
+def available() -> None:
+    """Raise the UsageError `_pyplot` would, before any work is done."""
+    _pyplot()
+
+
 def _save(fig: object, path: Path) -> Path:
     import io
 

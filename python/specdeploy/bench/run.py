@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import re
 import socket
@@ -176,9 +177,9 @@ def _number(data: dict[str, Any], key: str, result: Path, *, optional: bool = Fa
     value = data.get(key)
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise BenchError(
-            f"benchmark result {result}: field {key}: expected a number, found {value!r:.60}",
+            f"benchmark result {result}: field {key}: expected a number >= 0, found {value!r:.60}",
             hint="the benchmark engine's result format differs from vLLM 0.32's bench serve",
         )
     return float(value)
@@ -308,8 +309,10 @@ def measure(
         argv = command(python, target, workload, c, dataset, tokenizer, result)
         _execute(argv, env, workdir / f"c{c}.log", what, timeout, say)
         after = _snapshot(target.url)
-        moved = counters.interval(before, after) if after is not None else None
-        note = None if after is not None else f"GET {target.url}/metrics did not answer: no acceptance figures"
+        # both snapshots or none: without the first, the counters' totals since the engine started would pass
+        # for the level's
+        moved = counters.interval(before, after) if before is not None and after is not None else None
+        note = None if moved is not None else f"GET {target.url}/metrics did not answer: no acceptance figures"
         sample = _per_request(target, workload, c) if target.profile.engine.kind == "sglang" else None
         level = level_from(result, c, moved, engine=target.profile.engine.kind, note=note, per_request=sample)
         say(

@@ -27,7 +27,8 @@ from specdeploy.bench import report as reports
 from specdeploy.bench import tune
 from specdeploy.bench.report import Report, Run
 from specdeploy.bench.run import PROGRESS_S, BenchError, tail
-from specdeploy.core import files, layout
+from specdeploy.core import atomic, files, layout
+from specdeploy.core.errors import UsageError
 from specdeploy.core.programs import ansible_program
 from specdeploy.gate.run import new_run_id
 from specdeploy.migrate import hosts
@@ -78,10 +79,19 @@ class Plan:
 
 
 class Sweep:
+    """One sweep over one host: its connection (the inventory's settings), its deploys and benches."""
+
     def __init__(self, plan: Plan, say: Any) -> None:
         self.plan = plan
         self.say = say
         self.access = hosts.access(plan.inventory, plan.host, vault_password_file=plan.vault_password_file)
+        named = self.access.variables.get("specdeploy_profile")
+        if named and named != plan.profile.name:
+            raise UsageError(
+                f"--profile {plan.profile.name}: the inventory deploys {named!r} to {plan.host}: the sweep would "
+                "switch the host to another profile",
+                hint=f"pass --profile {named}",
+            )
         self.connection = hosts.connect(self.access)
         self.cli = layout.InstallLayout().to_json()["cli"]
         state = self.access.variables.get("specdeploy_state_dir")
@@ -95,9 +105,9 @@ class Sweep:
         """`specdeploy bench run` on the engine host, against its loopback; its report."""
         plan = self.plan
         out = f"/tmp/specdeploy-bench-{os.getpid()}-{int(time.time())}"
-        profile_file = f"{layout.InstallLayout().to_json()['profiles']}/{plan.profile.name}.yaml"
-        argv = [self.cli, "bench", "run", "--profile", profile_file, "--label", label, "--out", out, "--no-plots",
-                "--json", *plan.bench_args]  # fmt: skip
+        # no --profile: the host's bench judges with the copy its engine unit names (what serves, also after
+        # a rollback put the previous unit back)
+        argv = [self.cli, "bench", "run", "--label", label, "--out", out, "--no-plots", "--json", *plan.bench_args]
         if plan.workload is not None:
             self.connection.put(str(plan.workload), f"{out}.workload.yaml")
             argv += ["--workload", f"{out}.workload.yaml"]
@@ -110,9 +120,12 @@ class Sweep:
                              hint="run the same `specdeploy bench run` on the host by hand to see why")  # fmt: skip
         try:
             data = files.loads(done.stdout)
-            return Report.model_validate({k: v for k, v in data.items() if k not in ("rows", "files")})
+            report = Report.model_validate({k: v for k, v in data.items() if k not in ("rows", "files")})
         except Exception as exc:  # noqa: BLE001 - a host's answer is input: any shape is refused the same way
             raise BenchError(f"bench {label} on {self.access.name}: its report is unusable ({exc})"[:400]) from None
+        if report.workload_key != report.workload.key:
+            raise BenchError(f"bench {label} on {self.access.name}: its report's workload_key is not its workload's")
+        return report
 
     def gate_report(self, run_id: str) -> dict[str, Any] | None:
         path = self.state / "runs" / run_id / "gate.json"
@@ -149,37 +162,59 @@ class Sweep:
         what = f"sweep: deploy k={k} to {plan.host} (run {run_id})"
         self.say(f"{what}: ansible-playbook {plan.playbook.name} -l {plan.host}")
         code = _stream(argv, plan.playbook.parent, log, what, self.say)
+        if code is None:
+            raise BenchError(
+                f"{what}: the play did not finish within {DEPLOY_TIMEOUT_S:g} s and was stopped (log: {log}); the "
+                "sweep stops here",
+                hint="read the log; the next play recovers an interrupted run first (restores and proves the stack)",
+            )
         gate = self.gate_report(run_id)
         step = Step(k, run_id, deployed=code == 0, gate=gate, log=str(log))
         if code == 0:
             self.say(f"{what}: passed its gate")
+        elif gate is None:
+            self.say(f"{what}: the play FAILED before its gate (exit {code}; log {log}); it restored what it replaced")
         else:
-            verdict = (gate or {}).get("verdict") or "not reached"
-            self.say(f"{what}: FAILED (play exit {code}, gate {verdict}); the play restored the stack before it")
+            self.say(f"{what}: FAILED its gate ({gate.get('verdict')}); the play restored the stack before it")
         return step
 
     # ----------------------------------------------------------------- the sweep
     def run(self) -> tuple[Report, list[Step], list[tune.Recommendation]]:
         plan = self.plan
         plan.workdir.mkdir(parents=True, exist_ok=True)
+        tune.check_directory(plan.overrides)
+        override = plan.overrides / f"{plan.profile.name}.yaml"
+        original = override.read_bytes() if override.is_file() else None
         before = self.bench("deployed")  # the stack as it is: its acceptance curve gives each k's bands
         curve = _curve(before)
+        for k in plan.ks:  # every k's override checked before the first deploy: none refused halfway
+            tune.overrides_for(plan.profile, k, curve)
         steps: list[Step] = []
         runs: list[Run] = list(before.runs)
-        for k in plan.ks:
-            note = f"specdeploy tune --sweep: k={k} (run by {os.environ.get('USER', '?')})"
-            tune.write_override(plan.overrides, plan.profile, k, curve, note)
-            step = self.deploy(k)
-            steps.append(step)
-            if not step.deployed:
-                continue
-            for i in range(plan.repeats):
-                measured = self.bench(f"k={k} #{i + 1}")
-                step.runs += measured.runs
-                runs += measured.runs
-        last = next((s.k for s in reversed(steps) if s.deployed), None)
-        if last is not None:  # the folder names what the host serves
-            tune.write_override(plan.overrides, plan.profile, last, curve, f"specdeploy tune --sweep: k={last}")
+        try:
+            for k in plan.ks:
+                note = f"specdeploy tune --sweep: k={k} (run by {os.environ.get('USER', '?')})"
+                tune.write_override(plan.overrides, plan.profile, k, curve, note)
+                step = self.deploy(k)
+                steps.append(step)
+                if not step.deployed:
+                    continue
+                for i in range(plan.repeats):
+                    measured = self.bench(f"k={k} #{i + 1}")
+                    if measured.workload_key != before.workload_key:
+                        raise BenchError(f"bench k={k} on {self.access.name} measured another workload")
+                    step.runs += measured.runs
+                    runs += measured.runs
+        finally:
+            # the folder names what the host serves: the last k that passed, else what was there before
+            last = next((s.k for s in reversed(steps) if s.deployed), None)
+            if last is not None:
+                tune.write_override(plan.overrides, plan.profile, last, curve, f"specdeploy tune --sweep: k={last}")
+            elif original is not None:
+                atomic.write_bytes(override, original)
+            else:
+                override.unlink(missing_ok=True)
+            reports.save(reports.make(before.workload, runs), plan.workdir / "report.json")
         report = reports.make(before.workload, runs)
         try:
             picks = tune.recommend(report)
@@ -199,9 +234,9 @@ def _curve(report: Report) -> list[float]:
     return list(levels[0].per_position or [])
 
 
-def _stream(argv: list[str], cwd: Path, log: Path, what: str, say: Any) -> int:
+def _stream(argv: list[str], cwd: Path, log: Path, what: str, say: Any) -> int | None:
     """Run `argv` with its output in `log`; a line every PROGRESS_S naming the step, the time and
-    the play's last task."""
+    the play's last task. Its exit code, or None when it ran past DEPLOY_TIMEOUT_S (stopped)."""
     started = time.monotonic()
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
@@ -209,9 +244,9 @@ def _stream(argv: list[str], cwd: Path, log: Path, what: str, say: Any) -> int:
         while proc.poll() is None:
             now = time.monotonic()
             if now - started > DEPLOY_TIMEOUT_S:
-                proc.terminate()
+                proc.terminate()  # ansible-playbook stops its workers; the host's gate finishes on its own
                 proc.wait()
-                return 124
+                return None
             if now >= next_line:
                 say(f"{what}: {now - started:.0f} s, last: {_last_task(log) or tail(log) or '(nothing yet)'}")
                 next_line = now + PROGRESS_S

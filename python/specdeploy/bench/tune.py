@@ -81,19 +81,14 @@ def _curve(levels: list[tuple[int, Level]], max_k: int) -> tuple[list[float], in
             hint="bench a stack at the drafter's largest k on vLLM (SGLang does not expose per-position acceptance)",
         )
     _, richest = max(with_positions, key=lambda kl: (len(kl[1].per_position or []), kl[0]))
-    measured = [min(1.0, max(0.0, p)) for p in (richest.per_position or [])]
-    curve = measured[:max_k]
-    ratio = 0.0
-    if len(measured) >= 2 and measured[-2] > 0:
-        ratio = min(max(measured[-1] / measured[-2], 0.0), 0.95)
-    while len(curve) < max_k:
-        curve.append(curve[-1] * ratio)
-    return curve, len(measured)
+    measured = list(richest.per_position or [])
+    return extend(measured, max_k), len(measured)
 
 
 def _step_line(levels: list[tuple[int, Level]]) -> tuple[float, float, float | None, tuple[int, int], str]:
     """(a, b, t0, measured k range, how) of the step-time model."""
-    spec = [(k, lv.step_ms) for k, lv in levels if k > 0 and lv.step_ms is not None]
+    # a speculative run without acceptance figures (no counters) has no known tokens per step: left out
+    spec = [(k, lv.step_ms) for k, lv in levels if k > 0 and lv.step_ms is not None and lv.mean_acceptance_length]
     plain = [lv.step_ms for k, lv in levels if k == 0 and lv.step_ms is not None]
     t0 = float(np.median(plain)) if plain else None
     ks = sorted({k for k, _ in spec})
@@ -193,27 +188,50 @@ def _scaled(value: float, length_k: float, length_base: float) -> float:
     return round(1.0 + (value - 1.0) * (length_k - 1.0) / (length_base - 1.0), 2)
 
 
+def extend(curve: list[float], width: int) -> list[float]:
+    """The per-position curve to `width` positions: past the measured ones, the last two positions'
+    ratio continues (at most 0.95; a single position or a zero: nothing past it)."""
+    out = [min(1.0, max(0.0, p)) for p in curve][:width]
+    ratio = min(max(out[-1] / out[-2], 0.0), 0.95) if len(out) >= 2 and out[-2] > 0 else 0.0
+    while out and len(out) < width:
+        out.append(out[-1] * ratio)
+    return out
+
+
 def overrides_for(profile: Profile, k: int, curve: list[float]) -> dict[str, Any]:
     """What a site override must set for `k`, by dotted field: the draft length, and the acceptance
-    bands that depend on it (the profile's, measured at its own k, moved along the measured curve;
-    the upper edge kept under k + 1, where a token loop sits)."""
+    bands that depend on it. The profile's band was measured at its own k (K): its lower edge's gain
+    over 1 moves along the measured per-position curve; its upper edge keeps the profile's distance
+    under the loop ceiling (K + 1, every draft accepted), scaled by k / K, and at least LOOP_MARGIN."""
+    if profile.site_override is not None:
+        raise TuneError(
+            f"profile {profile.name} is itself a site override ({profile.site_override.file}): bands are moved from "
+            "the shipped profile's own",
+            hint="pass --profile NAME, the shipped profile the override extends",
+        )
     base_k = profile.engine.speculative.num_speculative_tokens
+    band = profile.smoke.acceptance_length
     if k == base_k:
         return {"engine.speculative.num_speculative_tokens": k}
-    if len(curve) < max(k, base_k):
+    if not curve:
+        raise TuneError("no per-position acceptance measured: the bands for another k cannot be moved",
+                        hint="measure a speculative run of this stack first")  # fmt: skip
+    points = extend(curve, max(k, base_k))
+    length_base, length_k = 1.0 + sum(points[:base_k]), 1.0 + sum(points[:k])
+    if length_base - 1.0 <= 1e-9:
         raise TuneError(
-            f"acceptance is known for {len(curve)} positions: the bands for k={k} (the profile's {base_k}) need "
-            f"{max(k, base_k)}",
-            hint="pass --max-k at least as large as both",
+            f"the measured per-position acceptance is {', '.join(f'{p:.2f}' for p in curve)}: no draft was accepted, "
+            "so no band can be moved to another k",
+            hint="check the stack's acceptance first (`specdeploy smoke`): a collapsed drafter is a fault, not a k",
         )
-    length_base, length_k = 1.0 + sum(curve[:base_k]), 1.0 + sum(curve[:k])
-    band = profile.smoke.acceptance_length
     low = max(1.0 + LOOP_MARGIN, _scaled(band.min, length_k, length_base))
-    high = min(band.max, round(k + 1 - LOOP_MARGIN, 2))
+    gap = max(LOOP_MARGIN, (base_k + 1 - band.max) * k / base_k)
+    high = round(k + 1 - gap, 2)
+    extrapolated = f" (past position {len(curve)}: extrapolated)" if len(curve) < max(k, base_k) else ""
     source = (
-        f"specdeploy tune: the profile's band [{band.min}, {band.max}] at k={base_k} moved to k={k} along the "
-        f"measured per-position acceptance ({', '.join(f'{p:.2f}' for p in curve[: max(k, base_k)])}); "
-        f"upper edge under k + 1 = {k + 1}"
+        f"specdeploy tune: the profile's band [{band.min}, {band.max}] at k={base_k} moved to k={k}: lower edge along "
+        f"the measured per-position acceptance ({', '.join(f'{p:.2f}' for p in points)}){extrapolated}; upper edge "
+        f"{gap:.2f} under the loop ceiling k + 1 = {k + 1}"
     )
     flat: dict[str, Any] = {
         "engine.speculative.num_speculative_tokens": k,
@@ -226,6 +244,22 @@ def overrides_for(profile: Profile, k: int, curve: list[float]) -> dict[str, Any
             1.0 + LOOP_MARGIN, _scaled(profile.watch.acceptance_length_min, length_k, length_base)
         )
     return flat
+
+
+def check_directory(directory: Path) -> None:
+    """A site override never goes where profiles are looked up by name (it would stand in for the
+    shipped profile it extends, which then cannot be found)."""
+    from specdeploy.profile.load import profile_dirs
+
+    here = directory.resolve()
+    for shipped in profile_dirs():
+        if shipped.resolve() == here:
+            raise TuneError(
+                f"{directory} is where profiles are looked up by name ({shipped}): an override there would replace "
+                "the profile it extends",
+                hint="write it into the inventory's own folder (e.g. inventory/profiles) and point the host's "
+                "specdeploy_profiles_src there",
+            )
 
 
 def write_override(directory: Path, profile: Profile, k: int, curve: list[float], note: str) -> Path:
@@ -246,8 +280,17 @@ def write_override(directory: Path, profile: Profile, k: int, curve: list[float]
         "(ansible-playbook deploy.yml -l HOST).\n# Regenerate rather than edit; delete it to go back to the "
         "profile's own draft length.\n" + yaml.safe_dump(document, sort_keys=False)
     )
+    check_directory(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{profile.name}.yaml"
+    if path.exists():
+        from specdeploy.profile.load import is_override, read_profile_data
+
+        if not is_override(read_profile_data(path)):
+            raise TuneError(
+                f"{path} is a whole profile, not a site override: it is left as it is",
+                hint="write overrides into a folder of their own",
+            )
     with tempfile.TemporaryDirectory(dir=directory, prefix=".check-") as scratch:
         staged = Path(scratch) / path.name  # the loader wants the file named as the profile it extends
         atomic.write_bytes(staged, text.encode())

@@ -58,8 +58,15 @@ def _finish(report: Any, out: Path, plots: bool, as_json: bool) -> None:
 
 @bench_app.command("run")
 def bench_run(
-    profile: Annotated[list[str], typer.Option("--profile", "-p", help="each endpoint's profile (name or file)")],
     out: OutOpt,
+    profile: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--profile",
+            "-p",
+            help="each endpoint's profile, name or file (default on an engine host: the copy its engine unit names)",
+        ),
+    ] = None,
     endpoint: Annotated[
         list[str] | None,
         typer.Option(help="each engine's base URL (default: this host's engine, http://127.0.0.1:<profile port>)"),
@@ -78,7 +85,7 @@ def bench_run(
         Path | None,
         typer.Option(help="a workload file (default: the profile's free-form and acceptance prompts)"),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="seconds one level may take")] = 3600.0,
+    timeout: Annotated[float, typer.Option(min=1, help="seconds one level may take")] = 3600.0,
     plots: PlotsOpt = True,
     as_json: base.JsonOpt = False,
 ) -> None:
@@ -94,6 +101,11 @@ def bench_run(
     from specdeploy.smoke.clients import endpoint_problem
 
     labels = label or []
+    if not profile:  # the served stack's own: the copy the installed unit names (also after a rollback)
+        from specdeploy.core import layout
+        from specdeploy.watch.run import profile_file_of_unit
+
+        profile = [str(profile_file_of_unit(tuple(layout.UNIT_FILES.values())))]
     profiles = [load_profile(p) for p in profile]
     endpoint = endpoint or [f"http://127.0.0.1:{p.engine.serve.port}" for p in profiles]
     if len(profile) != len(endpoint) or (labels and len(labels) != len(endpoint)):
@@ -107,6 +119,10 @@ def bench_run(
             raise UsageError(
                 f"--endpoint {url!r}: {problem}", hint="give the engine's base URL, e.g. http://127.0.0.1:8000"
             )
+    if plots:  # refused before the benchmark runs, not after
+        from specdeploy.bench import plots as draw
+
+        draw.available()
     host = base.host_layout(models_dir=models_dir, serving_dir=serving_dir, state_dir=state_dir)
     if python is None or tokenizer is None:
         found_python, found_tokenizer = bench.host_defaults(profiles[0], host)
@@ -236,18 +252,19 @@ def tune(
     if sweep is not None:
         from specdeploy.bench import sweep as sweeps
 
-        if inventory is None or host is None or overrides is None or out is None:
-            raise UsageError("--sweep needs --inventory, --host, --overrides and --out", hint="pass all four")
+        given = {"--inventory": inventory, "--host": host, "--overrides": overrides, "--out": out}
+        missing = [name for name, value in given.items() if value is None]
+        if missing or inventory is None or host is None or overrides is None or out is None:
+            raise UsageError(f"--sweep needs {', '.join(missing)}", hint="pass --inventory, --host, --overrides, --out")
         plan = sweeps.Plan(
-            profile=load_profile(profile or ""), ks=_ks(sweep), inventory=inventory, host=host,
+            profile=load_profile(profile or ""), ks=_ks(sweep), inventory=inventory.absolute(), host=host,
             playbook=playbook.absolute(), overrides=overrides.absolute(), workdir=out.absolute(),
-            extra_vars=extra_var or [], vault_password_file=vault_password_file, repeats=repeats,
+            extra_vars=extra_var or [], repeats=repeats,
+            vault_password_file=vault_password_file.absolute() if vault_password_file else None,
             bench_args=bench_arg or [], workload=workload,
         )  # fmt: skip
-        report, steps, picks = sweeps.Sweep(
-            plan, lambda line: output.err.print(line, highlight=False, markup=False)
-        ).run()
-        reports.save(report, out / "report.json")
+        say = lambda line: output.err.print(line, highlight=False, markup=False)  # noqa: E731
+        report, steps, picks = sweeps.Sweep(plan, say).run()  # it saves <out>/report.json itself
         failed = any(not s.deployed for s in steps)
         data = {"report": str(out / "report.json"), "steps": [s.to_json() for s in steps]}
     else:
@@ -255,7 +272,9 @@ def tune(
         picks = tuner.recommend(reports.load(from_report), max_k)
         data = {"report": str(from_report)}
     data["recommendations"] = [r.to_json() for r in picks]
-    if apply is not None and profile is not None and picks:
+    if apply is not None and profile is not None:
+        if not picks:
+            raise UsageError("--apply: there is no recommendation to write", hint="measure the runs tune asks for")
         level = concurrency or max(r.concurrency for r in picks)
         chosen = next((r for r in picks if r.concurrency == level), None)
         if chosen is None:
@@ -263,8 +282,18 @@ def tune(
                 f"--concurrency {level}: the report measured {', '.join(str(r.concurrency) for r in picks)}",
                 hint="pass one of the report's levels",
             )
+        base_profile = load_profile(profile)
+        measured = {run.profile for run in report.runs} if sweep is not None else set()
+        if from_report is not None:
+            measured = {run.profile for run in reports.load(from_report).runs}
+        if base_profile.name not in measured:
+            raise UsageError(
+                f"--profile {base_profile.name}: the report measured {', '.join(sorted(measured))}: its figures are "
+                "another stack's",
+                hint="apply a report of the profile's own stack",
+            )
         note = f"k={chosen.k} recommended at concurrency {level} from {Path(data['report']).name} ({chosen.reasons[0]})"
-        written = tuner.write_override(apply, load_profile(profile), chosen.k, chosen.curve, note)
+        written = tuner.write_override(apply, base_profile, chosen.k, chosen.curve, note)
         data["applied"] = {"file": str(written), "k": chosen.k, "concurrency": level}
 
     def show() -> None:
