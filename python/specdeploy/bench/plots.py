@@ -20,7 +20,7 @@ def _pyplot():  # noqa: ANN202 - matplotlib's module
     except ImportError:
         raise UsageError(
             "the plots need matplotlib, which this install lacks",
-            hint="install specdeploy's controller extra (pip install 'specdeploy[controller]'), or pass --no-plots",
+            hint="draw them on the controller (its venv, scripts/setup.sh, has matplotlib), or pass --no-plots",
         ) from None
     return plt
 
