@@ -383,6 +383,10 @@ def test_tune_sweep_changes_k_only_through_gated_deploys_and_a_k_that_fails_its_
     faulty = variants.derive(load_profile("cpu-rehearsal"), "cpu-rehearsal", {"engine": {"env": env}})
     base = variants.materialize(faulty, tmp_path / "base")
     monkeypatch.setenv("SPECDEPLOY_PROFILES", str(base.parent))
+    # the site's procedure for a changed profile (the pin bump above pinned the drafter config's hash in
+    # the profile the host runs; this base leaves it to write-config again): `lock update`, then deploy
+    updated = _controller_cli("lock", "update", "--profile", base, "--lock", _site(host) / "specdeploy.lock")
+    assert updated.returncode == 0, updated.stderr
     inventory = _site(host) / "hosts.ini"
     vault = deploy.rehearsal_vault(tmp_path / "secrets", api_key=API_KEY)
     deploy.playbook_argv(host, inventory, wheels=wheelhouse, archive=weights, run_id="unused", vault=vault)
