@@ -483,28 +483,31 @@ def test_new_stopped_by_systemctl_after_cutover_loses_no_request_under_a_bounded
         time.sleep(5)
     backup = f"{site.old.name}--backup"
     served_by_old = site.front_status()[backup]["served_total"]
-    with site.load(total=4 * migration.LOAD_IN_FLIGHT) as running:
-        assert running.wait_streaming(migration.LOAD_IN_FLIGHT // 2, 120)
-        stopped_at = time.monotonic()
-        site.new.ssh(f"systemctl stop {layout.UNIT_NAME}")  # returns once both units are stopped
-        stop_took = time.monotonic() - stopped_at
-        result = running.finish(900)
-    in_flight = [r for r in result.requests if r.started < stopped_at and (r.ended is None or r.ended > stopped_at)]
-    later = [r for r in result.requests if r.started >= stopped_at]
-    report = {
-        "sent": result.sent,
-        "failed": result.failed,
-        "in_flight_at_stop": len(in_flight),
-        "started_after_stop": len(later),
-        "systemctl_stop_s": round(stop_took, 1),
-    }
-    print(f"NEW stopped by systemctl after cutover: {json.dumps(report)}")  # the chain's record
-    assert result.failed == 0, (report, result.to_json())
-    assert len(in_flight) >= 2 and len(later) >= 4, report
-    assert site.front_status()[backup]["served_total"] - served_by_old >= len(later), site.front_status()
-    inactive = site.new.ssh(f"systemctl is-active {layout.LISTENER_UNIT_NAME}", check=False).stdout.strip()
-    assert inactive != "active", inactive  # stopped with the engine (PartOf=)
-    site.new.ssh(f"systemctl start {layout.UNIT_NAME}")
+    try:
+        with site.load(total=4 * migration.LOAD_IN_FLIGHT) as running:
+            assert running.wait_streaming(migration.LOAD_IN_FLIGHT // 2, 120)
+            stopped_at = time.monotonic()
+            site.new.ssh(f"systemctl stop {layout.UNIT_NAME}")  # returns once both units are stopped
+            stop_took = time.monotonic() - stopped_at
+            result = running.finish(900)
+        in_flight = [r for r in result.requests if r.started < stopped_at and (r.ended is None or r.ended > stopped_at)]
+        later = [r for r in result.requests if r.started >= stopped_at]
+        report = {
+            "sent": result.sent,
+            "failed": result.failed,
+            "in_flight_at_stop": len(in_flight),
+            "started_after_stop": len(later),
+            "systemctl_stop_s": round(stop_took, 1),
+            "drain_timeout_s": load_profile(PROFILE).migration.drain_timeout_s,  # the listener's hard-stop-after
+        }
+        print(f"NEW stopped by systemctl after cutover: {json.dumps(report)}")  # the chain's record
+        assert result.failed == 0, (report, result.to_json())
+        assert len(in_flight) >= 2 and len(later) >= 4, report
+        assert site.front_status()[backup]["served_total"] - served_by_old >= len(later), site.front_status()
+        inactive = site.new.ssh(f"systemctl is-active {layout.LISTENER_UNIT_NAME}", check=False).stdout.strip()
+        assert inactive != "active", inactive  # stopped with the engine (PartOf=)
+    finally:  # the chain goes on with NEW serving, whatever this test found (a failure here must not cascade)
+        site.new.ssh(f"systemctl start {layout.UNIT_NAME}")
     deadline = time.monotonic() + 600
     while not site.front_status()[NEW_NAME]["status"].startswith("UP"):  # its listener started with it
         assert time.monotonic() < deadline, site.front_status()

@@ -165,6 +165,16 @@ def test_no_test_imports_from_conftest_or_another_test_module() -> None:
     assert offenders == []
 
 
+def test_no_two_test_modules_share_a_file_name() -> None:
+    """pytest imports test modules by their bare name (the test folders are not packages): a second
+    `test_bench.py` in another folder stops the collection of one of them (`import file mismatch`,
+    CI 2026-12-05)."""
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
 def _tracked() -> list[str]:
     return subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
 

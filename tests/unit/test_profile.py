@@ -297,8 +297,9 @@ def test_the_container_rehearsal_differs_from_cpu_rehearsal_only_on_the_producti
         "engine.runtime", "engine.image", "engine.serve.host", "engine.serve.api_key",
         "target.revision", "drafter.revision", "drafter.gated",
         "host.podman_min", "host.packages", "host.disk.images_gib",
-        # the migration chain's profile: its verify compares NEW with OLD while the suite's other worker runs
-        "migration.decode_rate_tolerance",
+        # the migration chain's profile: its verify compares NEW with OLD, and its hosts drain streams, while
+        # the suite's other worker runs
+        "migration.decode_rate_tolerance", "migration.drain_timeout_s",
     )  # fmt: skip
     assert _without(container, *production_path) == _without(base, *production_path)
     profile = load_profile("cpu-rehearsal-container")
