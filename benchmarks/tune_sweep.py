@@ -10,8 +10,10 @@ times with `specdeploy.bench.run.measure` (real `vllm bench serve`); each point 
 spread (min..max).
 
 Then, per workload, the tuner sees only what a site would measure first (the largest k and no
-speculation) and picks a k; its pick's measured median is compared with the best measured median (the
-issue asks for 5%). Prints a table, writes JSON and a PNG per workload.
+speculation) and picks a k from its model alone (the two-run pick), and `tune --sweep auto` goes on
+from the same two runs, measuring where the model points (tune.search; each k it asks for is answered
+by this sweep's runs of that k); each pick's measured median is compared with the best measured median
+(the issue asks for 5%). Prints a table, writes JSON and a PNG per workload.
 
     python benchmarks/tune_sweep.py [--ks 0,1,2,3,4,5,6] [--runs 3] [--out docs/img] [--json out.json]
 
@@ -127,7 +129,9 @@ def analyse(measured: dict[str, dict[int, list[reports.Run]]], ks: list[int], ou
     best; the tuner fitted to the whole sweep picks the best measured k by construction (measured
     figures win over the model), so it is shown only as a check."""
     results: dict[str, object] = {}
-    table = Table("workload", *[f"k={k}" for k in ks], "pick (k=max + k=0)", "best measured", "pick vs best")
+    table = Table(
+        "workload", *[f"k={k}" for k in ks], "best measured", "two-run pick: vs best", "search pick (measured): vs best"
+    )
     for name, by_k in measured.items():
         chosen = workloads.load(ROOT / "benchmarks" / "workloads" / f"{name}.yaml", _profile(1))
         rates = {k: [r.levels[0].output_tokens_per_s for r in runs] for k, runs in by_k.items()}
@@ -136,8 +140,18 @@ def analyse(measured: dict[str, dict[int, list[reports.Run]]], ks: list[int], ou
         lengths = {
             k: statistics.median(r.levels[0].mean_acceptance_length or 1.0 for r in runs) for k, runs in by_k.items()
         }
-        (rec,) = tune.recommend(reports.make(chosen, by_k[max(ks)] + by_k.get(0, [])), max_k=max(ks))
+        first = reports.make(chosen, by_k[max(ks)] + by_k.get(0, []))
+        (rec,) = tune.recommend(first, max_k=max(ks))
         (fitted,) = tune.recommend(reports.make(chosen, [r for runs in by_k.values() for r in runs]), max_k=max(ks))
+        # `tune --sweep auto` from the same two runs, each k it asks for answered by this sweep's runs of it
+        asked: list[int] = []
+
+        def answer(k: int, why: str, asked: list[int] = asked, by_k: dict = by_k) -> list[reports.Run]:
+            asked.append(k)
+            return by_k[k]
+
+        searched, _ = tune.search(first, max(ks), answer)
+        (found,) = tune.recommend(searched, max_k=max(ks))
         best = max(medians, key=lambda k: medians[k])
         ratio = medians[rec.k] / medians[best]
         results[name] = {
@@ -146,24 +160,31 @@ def analyse(measured: dict[str, dict[int, list[reports.Run]]], ks: list[int], ou
             "tuner_pick": rec.k, "best_measured": best, "pick_vs_best": ratio, "reasons": rec.reasons,
             "predicted_tok_s": {p.k: p.model_tok_s for p in rec.predictions}, "fit": rec.fit,
             "sweep_fit": fitted.fit, "sweep_pick": fitted.k,
+            "search_measured": asked, "search_pick": found.k, "search_vs_best": medians[found.k] / medians[best],
+            "search_reasons": found.reasons,
         }  # fmt: skip
         cells = [f"{medians[k]:.1f} ({spread[k][0]:.1f}-{spread[k][1]:.1f}) L={lengths[k]:.2f}" for k in ks]
-        table.add_row(name, *cells, str(rec.k), str(best), f"{ratio:.1%}")
-        _plot(name, ks, medians, spread, rec, out / f"tune-{name}.png")
+        search = f"{found.k} (measured {', '.join(map(str, asked))}): {medians[found.k] / medians[best]:.1%}"
+        table.add_row(name, *cells, str(best), f"{rec.k}: {ratio:.1%}", search)
+        _plot(name, ks, medians, spread, rec, found.k, out / f"tune-{name}.png")
     console = Console()
     console.print(table)
     bests = {name: r["best_measured"] for name, r in results.items()}  # type: ignore[index]
     within = {name: r["pick_vs_best"] >= 0.95 for name, r in results.items()}  # type: ignore[index]
+    searched = {name: r["search_vs_best"] >= 0.95 for name, r in results.items()}  # type: ignore[index]
     distinct = "distinct" if len(set(bests.values())) == len(bests) else "NOT all distinct"
     console.print(f"best measured k per workload: {bests} ({distinct})")
-    console.print(f"tuner's pick (from k=max and k=0) within 5% of the best measured: {within}")
+    console.print(f"the two-run model's pick (k=max and k=0 only) within 5% of the best measured: {within}")
+    console.print(f"`tune --sweep auto`'s pick (from k=max and k=0) within 5% of the best measured: {searched}")
     for name, result in results.items():
         console.print(f"{name}: model {result['fit']}; " + "; ".join(result["reasons"]))  # type: ignore[index]
         console.print(f"{name}: fitted to the whole sweep: {result['sweep_fit']}; pick k={result['sweep_pick']}")  # type: ignore[index]
     return results
 
 
-def _plot(name: str, ks: list[int], medians: dict, spread: dict, rec: tune.Recommendation, path: Path) -> None:
+def _plot(
+    name: str, ks: list[int], medians: dict, spread: dict, rec: tune.Recommendation, search_k: int, path: Path
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,7 +200,8 @@ def _plot(name: str, ks: list[int], medians: dict, spread: dict, rec: tune.Recom
     ax.plot(
         [k for k, _ in predicted], [v for _, v in predicted], linestyle="--", label="tuner's model (from k=max and k=0)"
     )
-    ax.axvline(rec.k, color="grey", linestyle=":", label=f"tuner's pick k={rec.k}")
+    ax.axvline(rec.k, color="grey", linestyle=":", label=f"two-run pick k={rec.k}")
+    ax.axvline(search_k, color="green", linestyle="-.", label=f"`tune --sweep auto` pick k={search_k}")
     ax.set_xlabel("num_speculative_tokens (0: no speculation)")
     ax.set_ylabel("output tokens/s at concurrency 1")
     ax.set_title(f"SmolLM2-135M, ngram, vLLM-CPU: {name}")

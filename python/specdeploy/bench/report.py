@@ -126,3 +126,88 @@ def load(path: Path) -> Report:
             hint="compare only reports as `specdeploy bench run` wrote them",
         )
     return report
+
+
+# --------------------------------------------------------------------------- a gate report as a bench report
+
+GATE_TOOL = "specdeploy gate (its throughput probe: one request at concurrency 1)"
+
+
+def _stage(stages: Any, name: str) -> dict[str, Any]:
+    for stage in stages if isinstance(stages, list) else []:
+        if isinstance(stage, dict) and stage.get("name") == name and isinstance(stage.get("details"), dict):
+            return stage["details"]
+    return {}
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def from_gate(data: dict[str, Any], path: Path) -> Report:
+    """A gate report (`gate.json`) or a smoke report as a one-run bench report: the stack's k and
+    method from the identity stage, acceptance (mean length, per position) from the acceptance
+    stage, throughput from the throughput probe (decode tok/s of one request at concurrency 1).
+    A gate report keeps no prompt text: its workload is named by the profile's gate probes, so
+    only reports of one profile's gate compare. Every value is checked: a report is input."""
+    smoke = data.get("smoke") if isinstance(data.get("smoke"), dict) else data
+    stages = smoke.get("stages")
+    profile = data.get("profile") if isinstance(data.get("profile"), str) else None
+    throughput = _stage(stages, "throughput")
+    rate = _number(throughput.get("decode_tokens_per_s"))
+    if profile is None or rate is None or not math.isfinite(rate) or rate <= 0:
+        raise InputFileError(
+            f"gate report {path}: field smoke.stages[throughput].details.decode_tokens_per_s: expected a positive "
+            f"figure (and a profile name), found {throughput.get('decode_tokens_per_s')!r}: no throughput to tune from",
+            hint="give a gate report whose throughput stage ran (`specdeploy gate` on a serving stack), or a bench "
+            "report",
+        )
+    identity = _stage(stages, "identity")
+    speculation = identity.get("speculation") if isinstance(identity.get("speculation"), dict) else {}
+    acceptance = _stage(stages, "acceptance")
+    per_position = acceptance.get("per_position")
+    positions = (
+        [float(p) for p in per_position]
+        if isinstance(per_position, list) and all(_number(p) is not None for p in per_position)
+        else None
+    )
+    k = speculation.get("k") if isinstance(speculation.get("k"), int) else len(positions or [])
+    engine = identity.get("engine") if identity.get("engine") in ("vllm", "sglang") else "vllm"
+    ttft = _number(throughput.get("ttft_s"))
+    tokens = _number(throughput.get("tokens")) or 0.0
+    level = {
+        "concurrency": 1, "requests": 1, "failed": 0, "duration_s": 0.0, "output_tokens": int(tokens),
+        "output_tokens_per_s": rate, "ttft_ms_p50": ttft * 1000 if ttft is not None else None,
+        "drafts": _number(acceptance.get("drafts")), "per_position": positions,
+        "mean_acceptance_length": _number(acceptance.get("mean_acceptance_length")) if k else None,
+    }  # fmt: skip
+    run = {
+        "label": f"gate {data.get('run_id') or profile}"[:80], "profile": profile, "engine": engine,
+        "engine_version": identity.get("version") if isinstance(identity.get("version"), str) else None,
+        "method": (speculation.get("method") or "speculative") if k else None, "k": k,
+        "endpoint": str(data.get("endpoint") or "(gate)"), "taken_at": str(data.get("started_at") or ""),
+        "tool": GATE_TOOL, "levels": [level],
+    }  # fmt: skip
+    workload = {
+        "name": "gate-probes", "prompts": [f"the gate's acceptance and throughput prompts of profile {profile}"],
+        "output_tokens": max(8, int(tokens)), "requests_per_level": 1, "concurrency": [1], "temperature": 0.0,
+        "served_model": profile,
+    }  # fmt: skip
+    try:
+        built = Workload.model_validate(workload)
+        return Report.model_validate({"workload": built.model_dump(), "workload_key": built.key, "runs": [run]})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise InputFileError(
+            f"gate report {path}: {where}: {first['msg']} (found {str(first.get('input'))[:80]!r})",
+            hint="give a gate report `specdeploy gate` wrote (gate.json), unedited",
+        ) from None
+
+
+def load_any(path: Path) -> Report:
+    """A bench report, or a gate or smoke report read as one (`from_gate`): what `tune --from-report` takes."""
+    data = files.read_json(path, what="report", hint="give a bench report (report.json) or a gate report (gate.json)")
+    if isinstance(data, dict) and "schema" not in data and ("smoke" in data or "stages" in data):
+        return from_gate(data, path)
+    return load(path)

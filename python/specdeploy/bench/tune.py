@@ -178,6 +178,38 @@ def recommend(report: Report, max_k: int | None = None) -> list[Recommendation]:
     return [recommend_level(report, c, max_k) for c in levels]
 
 
+def acceptance_bound(report: Report, max_k: int | None = None) -> list[Recommendation]:
+    """What acceptance alone says where no step time can be fitted (one speculative run, as a gate
+    report holds): a larger k cannot be more than NEAR_BEST faster than k* = the smallest k whose
+    tokens per step reach (1 - NEAR_BEST) of the largest k's, since a step never gets cheaper with
+    more drafts. So k* is an upper bound on the pick; whether fewer (or none) is faster needs the
+    cost of a draft, which a run without speculation gives."""
+    out: list[Recommendation] = []
+    for concurrency in sorted({lv.concurrency for run in report.runs for lv in run.levels}):
+        levels = [(run.k, lv) for run in report.runs if (lv := run.level(concurrency))]
+        top = max_k if max_k is not None else max(k for k, _ in levels)
+        curve, widths = _curve(levels, top)
+        lengths = [1.0 + sum(curve[:k]) for k in range(top + 1)]
+        bound = min(k for k in range(1, top + 1) if lengths[k] >= (1 - NEAR_BEST) * lengths[top])
+        shares = ", ".join(f"{p:.2f}" for p in curve)
+        extrapolated = f"; past position {widths} extrapolated" if top > widths else ""
+        if bound < top:
+            first = (
+                f"k={bound} at most: {lengths[bound]:.2f} tokens per step, and k={top} only {lengths[top]:.2f} "
+                f"(per-position acceptance {shares}{extrapolated})"
+            )
+        else:
+            first = f"k={top} at most (the largest considered): every position adds tokens ({shares}{extrapolated})"
+        reasons = [
+            first,
+            "a step never gets cheaper with more drafts, so no larger k is more than "
+            f"{NEAR_BEST:.0%} faster; whether a smaller k (or none) is faster needs the cost of a draft: bench the "
+            "stack without speculation (or at a second k) with the same workload and tune on both",
+        ]
+        out.append(Recommendation(concurrency, bound, [], reasons, "acceptance only: no step time fitted", curve))
+    return out
+
+
 # --------------------------------------------------------------------------- which k to measure next
 
 

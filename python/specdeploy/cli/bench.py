@@ -167,16 +167,25 @@ def bench_compare(
 
 def _print_picks(picks: list[Any]) -> None:
     for rec in picks:
-        table = Table("k", "tok/s", "tokens/step", "step ms", "basis", title=f"concurrency {rec.concurrency}")
-        for p in rec.predictions:
-            mark = " <- pick" if p.k == rec.k else ""
-            table.add_row(*output.cells(p.k, f"{p.tok_s:.1f}{mark}", f"{p.acceptance_length:.2f}",
-                                        f"{p.step_ms:.1f}", p.basis))  # fmt: skip
+        if rec.predictions:
+            table = Table("k", "tok/s", "tokens/step", "step ms", "basis", title=f"concurrency {rec.concurrency}")
+            for p in rec.predictions:
+                mark = " <- pick" if p.k == rec.k else ""
+                table.add_row(*output.cells(p.k, f"{p.tok_s:.1f}{mark}", f"{p.acceptance_length:.2f}",
+                                            f"{p.step_ms:.1f}", p.basis))  # fmt: skip
+        else:  # tune.acceptance_bound: tokens per step only (no step time)
+            table = Table("k", "tokens/step", title=f"concurrency {rec.concurrency}: acceptance only")
+            for k in range(len(rec.curve) + 1):
+                mark = " <- at most" if k == rec.k else ""
+                table.add_row(*output.cells(k, f"{1.0 + sum(rec.curve[:k]):.2f}{mark}"))
         output.out.print(table)
         output.out.print(output.line("model: ", rec.fit), highlight=False)
         for reason in rec.reasons:
             output.out.print(output.line("  ", reason), highlight=False)
-        output.out.print(f"recommended at concurrency {rec.concurrency}: num_speculative_tokens = {rec.k}")
+        if rec.predictions:
+            output.out.print(f"recommended at concurrency {rec.concurrency}: num_speculative_tokens = {rec.k}")
+        else:  # tune.acceptance_bound: no step time, an upper bound only
+            output.out.print(f"at concurrency {rec.concurrency}: num_speculative_tokens = {rec.k} at most")
 
 
 def _ks(text: str) -> list[int]:
@@ -284,12 +293,22 @@ def tune(
         data = {"report": str(out / "report.json"), "steps": [s.to_json() for s in steps]}
     else:
         assert from_report is not None
-        picks = tuner.recommend(reports.load(from_report), max_k)
+        given = reports.load_any(from_report)  # a bench report, or a gate report read as one
         data = {"report": str(from_report)}
+        try:
+            picks = tuner.recommend(given, max_k)
+        except tuner.TuneError as exc:
+            if "the cost of a draft token is unknown" not in exc.message:
+                raise
+            picks = tuner.acceptance_bound(given, max_k)  # one speculative run (a gate report): a bound only
+            data["bound_only"] = f"{exc.message}: acceptance alone bounds k from above"
     data["recommendations"] = [r.to_json() for r in picks]
     if apply is not None and profile is not None:
-        if not picks:
-            raise UsageError("--apply: there is no recommendation to write", hint="measure the runs tune asks for")
+        if not picks or "bound_only" in data:
+            raise UsageError(
+                "--apply: there is no recommendation to write" + (f" ({data['bound_only']})" if picks else ""),
+                hint="measure the runs tune asks for (a run without speculation of the same workload), then apply",
+            )
         level = concurrency or max(r.concurrency for r in picks)
         chosen = next((r for r in picks if r.concurrency == level), None)
         if chosen is None:
@@ -302,7 +321,7 @@ def tune(
             measured = {run.profile for run in report.runs}
         else:
             assert from_report is not None
-            measured = {run.profile for run in reports.load(from_report).runs}
+            measured = {run.profile for run in reports.load_any(from_report).runs}
         if base_profile.name not in measured:
             raise UsageError(
                 f"--profile {base_profile.name}: the report measured {', '.join(sorted(measured))}: its figures are "
