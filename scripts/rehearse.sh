@@ -7,7 +7,7 @@
 # this machine (the builder), pushed to the site registry (a test container of its own) and pulled
 # by digest on the host, run under quadlet, weights from a gated hub (another test container) with
 # a token, an API key. Prints this run's gate report. Exit code: the gate's (0 pass, 1 fail, 2 could
-# not test, 3 inconclusive, 4 not rolled back to a serving stack; README "Exit codes"), or 2
+# not test, 3 inconclusive, 4 not rolled back to a serving stack; docs/commands.md "Exit codes"), or 2
 # when the play stopped before the gate.
 # Extra arguments go to `specdeploy rehearsal deploy` (e.g. --remove-host).
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create (or reuse) the project's venvs and install this checkout into its own (README "Locks").
+# Create (or reuse) the project's venvs and install this checkout into its own (docs/locks-and-nix.md "Locks").
 #
 #   $SPECDEPLOY_CACHE/venv-KEY  (default cache ~/.cache/specdeploy) the dependencies: exactly
 #       locks/dev.txt, installed with `pip --require-hashes --no-deps` (nothing resolved), without

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build a wheelhouse for hosts, downloaded by the controller: exactly the wheels of a hash lock
-# (locks/, README "Locks"), downloaded with --require-hashes, and that lock inside each archive
+# (locks/, docs/locks-and-nix.md "Locks"), downloaded with --require-hashes, and that lock inside each archive
 # as requirements.lock. Hosts and air-gapped sites install exactly it with
 # `pip install --require-hashes --no-index --no-deps`: nothing resolved, no byte unverified.
 # Each set is one archive: Ansible copies it with one checksum on each side, not a round trip

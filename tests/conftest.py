@@ -45,7 +45,7 @@ def a6000() -> Profile:
     return load_profile("a6000-dflash")
 
 
-# The bad-input figures per command, summed from each case's report: README "Bad input".
+# The bad-input figures per command, summed from each case's report: docs/commands.md "Bad input".
 FIGURES: dict[str, dict[str, int]] = {}
 
 
@@ -61,7 +61,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The figures, per command, after a run of the suite (README "Bad input")."""
+    """The figures, per command, after a run of the suite (docs/commands.md "Bad input")."""
     if not FIGURES:
         return
     terminalreporter.section("bad-input figures: cases tried / answered clearly / nothing changed where checked")

@@ -1,6 +1,6 @@
 """The bad-input suite's harness: run one command the way a user does and check the answer.
 
-Every case asserts what the README's "Bad input" table promises: the documented exit code, a
+Every case asserts what docs/commands.md's "Bad input" table promises: the documented exit code, a
 message that names the field or file, a fix, no traceback and never the error boundary's
 generic internal-error fallback (which would mean the input reached code that did not expect
 it) — and, where nothing may change, files byte-identical to before (`Snapshot`).
@@ -13,48 +13,31 @@ the CLI as a subprocess with a deadline instead (`run_process`).
 from __future__ import annotations
 
 import os
-import stat
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from tests.support import BADINPUT_FIGURES
+from tests.support.badinput import (  # noqa: F401  the fixtures several case files use
+    FIGURES,
+    ROOT,
+    Answer,
+    Run,
+    Snapshot,
+    _tried,
+    archive,
+    good,
+    profile_path,
+    quick_profile,
+    serve,
+    source,
+)
 from typer.testing import CliRunner
 
 from specdeploy.cli import app
 from specdeploy.core.errors import EXIT_INTERNAL
-
-# The suite's figures (README "Bad input"), per command: CLI calls made by the cases, answered
-# as promised (exit code, names and fix, no traceback), and checked byte-identical where nothing may change
-FIGURES: dict[str, dict[str, int]] = {}
-
-
-def _command(args: tuple[object, ...]) -> str:
-    """`specdeploy image check ...` -> "image check": the verb, and its subcommand for a group."""
-    import typer.main
-
-    root = typer.main.get_command(app)
-    words = [str(a) for a in args if not str(a).startswith("-")][:2]
-    if not words:
-        return "(no command)"
-    group = getattr(root, "commands", {}).get(words[0])
-    return " ".join(words) if hasattr(group, "commands") and len(words) > 1 else words[0]
-
-
-def _count(command: str, key: str) -> None:
-    FIGURES.setdefault(command, {"tried": 0, "clear": 0, "unchanged": 0})[key] += 1
-
-
-LAST = ["(no command)"]  # the command a snapshot's check belongs to: the one run since it was taken
-
-
-def _tried(args: tuple[object, ...]) -> str:
-    LAST[0] = _command(args)
-    _count(LAST[0], "tried")
-    return LAST[0]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -73,56 +56,6 @@ def _figures(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     request.node.user_properties.append((BADINPUT_FIGURES, {c: dict(f) for c, f in FIGURES.items()}))
     FIGURES.clear()
-
-
-ROOT = Path(__file__).resolve().parents[2]
-FALLBACK = "a bug in specdeploy"  # the boundary's generic internal-error message
-
-
-@dataclass
-class Answer:
-    """What the user saw: the exit code and both streams."""
-
-    exit_code: int
-    stdout: str
-    stderr: str
-    command: str = "(no command)"
-
-    @property
-    def text(self) -> str:
-        return self.stdout + self.stderr
-
-    def advice(self) -> list[str]:
-        """What the answer tells the user to do: each `fix:` line (with the lines that continue
-        it) and each `diagnosis:` line of a smoke report."""
-        found = []
-        for marker in ("fix:", "diagnosis:"):
-            for part in self.text.split(marker)[1:]:
-                lines = part.split("\n")
-                tail = [line for line in lines[1:4] if line.startswith("    ")]  # a wrapped hint's lines
-                found.append(" ".join([lines[0], *(line.strip() for line in tail)]))
-        return found
-
-    def expect(self, exit_code: int, *names: str, fix: str | None = None) -> Answer:
-        """The documented exit code, each of `names` (the field, the file, the found value) in
-        the message, no traceback or internal-error fallback, and — for every non-zero exit —
-        `fix` in the advice itself: a `fix:` line (or the smoke's `diagnosis:` line), not
-        merely somewhere in the message."""
-        assert "Traceback (most recent call last)" not in self.text, self.text[-3000:]
-        assert FALLBACK not in self.text and self.exit_code != EXIT_INTERNAL, self.text[-3000:]
-        assert self.exit_code == exit_code, f"exit {self.exit_code}, expected {exit_code}:\n{self.text[-3000:]}"
-        for name in names:
-            assert name in self.text, f"{name!r} not in the message:\n{self.text[-3000:]}"
-        if exit_code != 0:
-            assert fix, "a case with a non-zero exit names the fix it expects (expect(..., fix=...))"
-        if fix is not None:
-            advice = self.advice()
-            assert any(fix in line for line in advice), f"no fix {fix!r} in the advice {advice}:\n{self.text[-3000:]}"
-        _count(self.command, "clear")
-        return self
-
-
-Run = Callable[..., Answer]
 
 
 @pytest.fixture
@@ -167,53 +100,6 @@ def run_process() -> Run:
     return invoke
 
 
-class Snapshot:
-    """Every file and link under the given roots — bytes, mode and link target — taken before a
-    command, compared after: `assert snapshot.unchanged()` where nothing may change."""
-
-    def __init__(self, *roots: Path) -> None:
-        self.roots = roots
-        self.before = self._take()
-
-    def _take(self) -> dict[str, tuple[object, ...]]:
-        seen: dict[str, tuple[object, ...]] = {}
-        for root in self.roots:
-            for path in [root, *sorted(root.rglob("*"))] if root.is_dir() else [root]:
-                if not os.path.lexists(path):
-                    continue
-                info = path.lstat()
-                if stat.S_ISLNK(info.st_mode):
-                    seen[str(path)] = ("link", os.readlink(path))
-                elif stat.S_ISREG(info.st_mode):
-                    seen[str(path)] = ("file", stat.S_IMODE(info.st_mode), path.read_bytes())
-                else:
-                    seen[str(path)] = ("other", stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode))
-        return seen
-
-    def changes(self) -> list[str]:
-        after = self._take()
-        return sorted(p for p in set(self.before) | set(after) if self.before.get(p) != after.get(p))
-
-    def unchanged(self) -> bool:
-        changed = self.changes()
-        assert not changed, f"changed: {changed}"
-        _count(LAST[0], "unchanged")
-        return True
-
-
 @pytest.fixture
 def snapshot() -> Callable[..., Snapshot]:
     return Snapshot
-
-
-def write(path: Path, content: str | bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content)
-    return path
-
-
-def paths(*items: Iterable[Path]) -> list[Path]:
-    return [p for group in items for p in group]

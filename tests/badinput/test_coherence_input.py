@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.badinput.conftest import Run, Snapshot
+from tests.support.badinput import Run, Snapshot
 
 JSONL_FIX = 'string field "text"'
 

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from tests.badinput.conftest import Run, Snapshot, write
+from tests.support.badinput import Run, Snapshot, write
 
 from specdeploy.core import deploylock
 

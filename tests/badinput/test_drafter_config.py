@@ -1,7 +1,7 @@
 """Bad input to `verify-config` and `write-config` (issue 20: D1, D9, D11, D12, D14, D17).
 
 Each case runs the real CLI the way a user (or the drafter_config role) does and checks what
-the README's bad-input table promises: the exit code, the field or file named, the fix, no
+docs/commands.md's bad-input table promises: the exit code, the field or file named, the fix, no
 traceback — and, where nothing may change, every file under the serving root, the lock and the
 rollback directory byte-identical to before. Inputs that could hang (a FIFO) or once took
 minutes (a 9 MiB config, a 400k-entry list) run as a subprocess with a deadline.
@@ -18,11 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.badinput.conftest import Run, Snapshot, write
-from tests.support.variants import drafter_config
+from tests.support.badinput import Run, Snapshot, download, write, write_config
 
 from specdeploy.profile import Profile
-from specdeploy.rehearsal import variants
 
 TARGET_FIX = "pass --target"
 DRAFTER_FIX = "fetch the drafter"
@@ -38,30 +36,6 @@ def target_config(profile: Profile) -> dict[str, Any]:
         "hidden_size": facts.hidden_size.value,
         "vocab_size": facts.vocab_size.value,
     }
-
-
-def download(directory: Path, config: dict[str, Any] | str | bytes, *extra: str) -> Path:
-    """A drafter download: config.json plus a weight file (and any `extra` files)."""
-    write(directory / "config.json", config if isinstance(config, (str, bytes)) else json.dumps(config, indent=2))
-    write(directory / "model.safetensors", b"weights")
-    for name in extra:
-        write(directory / name, f"{name}\n")
-    return directory
-
-
-@pytest.fixture
-def profile_path(tmp_path: Path, dflash_profile: Profile) -> Path:
-    return variants.materialize(dflash_profile, tmp_path / "profiles")
-
-
-@pytest.fixture
-def good(dflash_profile: Profile) -> dict[str, Any]:
-    return drafter_config(dflash_profile)
-
-
-@pytest.fixture
-def source(tmp_path: Path, good: dict[str, Any]) -> Path:
-    return download(tmp_path / "models" / "drafter" / "rev1", good)
 
 
 # ------------------------------------------------------------------ verify-config: the target (D9, D17)
@@ -268,10 +242,6 @@ def serving(tmp_path: Path) -> Path:
 @pytest.fixture
 def lock(tmp_path: Path) -> Path:
     return tmp_path / "state" / "specdeploy.lock"
-
-
-def write_config(run: Run, serving: Path, profile: Path, source: Path, lock: Path, *extra: object) -> Any:
-    return run("write-config", serving, "--profile", profile, "--source", source, "--lock", lock, *extra)
 
 
 def _first_write(run: Run, serving: Path, profile: Path, source: Path, tmp_path: Path) -> None:

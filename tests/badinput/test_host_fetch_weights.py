@@ -2,7 +2,7 @@
 20: D3, D4, D10, D17).
 
 Each case runs the real CLI the way a user (or the preflight, weights and gpu_runtime roles)
-does and checks what the README's bad-input table promises: the exit code, the option, field or
+does and checks what docs/commands.md's bad-input table promises: the exit code, the option, field or
 file named, the fix, no traceback — and, where nothing may change, the models, serving and state
 directories byte-identical to before. nvidia-smi and podman are never the real ones: `--nvidia-smi`
 names a stand-in script in tmp_path (the recorded real hosts of tests/data/nvidia-smi, or one that
@@ -17,7 +17,6 @@ with a deadline.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -30,16 +29,24 @@ from typing import Any
 
 import huggingface_hub  # noqa: F401  imported now, with this process's environment: it reads HF_ENDPOINT once
 import pytest
-from tests.badinput.conftest import ROOT, Run, Snapshot, write
 from tests.support import stub
+from tests.support.badinput import (
+    DRAFTER,
+    REV_D,
+    REV_T,
+    ROOT,
+    TARGET,
+    Run,
+    Snapshot,
+    serve_argv,
+    write,
+)
 from tests.support.stub import stubs
 
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import variants
 
 DATA = ROOT / "tests" / "data" / "nvidia-smi"
-TARGET, DRAFTER = "specdeploy-fixtures/tiny-qwen3", "specdeploy-fixtures/tiny-qwen3-draft"  # cpu-rehearsal's repos
-REV_T, REV_D = "c" * 40, "d" * 40
 FAST_FETCH = {"SPECDEPLOY_FETCH_TIMEOUT": "1", "SPECDEPLOY_FETCH_RETRIES": "0", "HF_TOKEN": "", "HF_ENDPOINT": ""}
 FAST_PROGRAM = {"SPECDEPLOY_PROGRAM_TIMEOUT": "1"}
 H200_DRIVER = "580.159.04"  # tests/data/nvidia-smi/h200-x2-r580
@@ -506,39 +513,6 @@ def test_fetch_deadlines_out_of_range_are_usage_errors(
 
 
 # --------------------------------------------------------------------------- weights serve
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture
-def archive(tmp_path: Path) -> dict[str, Path]:
-    """An unpacked weights archive for cpu-rehearsal: both revisions and their manifest."""
-    models, serving = tmp_path / "models", tmp_path / "serving"
-    files = {}
-    for repo, rev in ((TARGET, REV_T), (DRAFTER, REV_D)):
-        data = f'{{"repo": "{repo}"}}'.encode()
-        write(models / repo / rev / "config.json", data)
-        files[repo] = {"revision": rev, "files": {"config.json": _sha(data)}}
-    write(models / "specdeploy-archive.json", json.dumps({"models": files}))
-    serving.mkdir()
-    return {"models": models, "serving": serving, "lock": tmp_path / "state" / "specdeploy.lock", "root": tmp_path}
-
-
-def serve_argv(host: dict[str, Path]) -> tuple[object, ...]:
-    return (
-        "weights",
-        "serve",
-        "-p",
-        "cpu-rehearsal",
-        "--lock",
-        host["lock"],
-        "--models-dir",
-        host["models"],
-        "--serving-dir",
-        host["serving"],
-    )
 
 
 MANIFEST_FIX = "copy the weights archive again"

@@ -2,7 +2,7 @@
 `startup-log` (issue 20: D14, D15, D17); `rehearsal ...` is in test_rehearsal.py.
 
 Each case runs the real CLI the way a user (or the images and engine roles) does and checks what
-the README's bad-input table promises: the exit code, the option or file named, the fix, no
+docs/commands.md's bad-input table promises: the exit code, the option or file named, the fix, no
 traceback — and, where nothing may change, the lock, the unit directory, the state and rollback
 directories byte-identical to before. podman is never the real one: `--podman` names a stand-in
 script in tmp_path that records its arguments (so a case can assert that nothing was run) and
@@ -20,47 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.badinput.conftest import Run, Snapshot, write
+from tests.support.badinput import CONTAINER, PODMAN_FIX, Podman, Run, Snapshot, write
 
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rehearsal import variants
 
 DIGEST = "sha256:" + "1" * 64
-CONTAINER = "cpu-rehearsal-container"  # a container profile that needs no GPU (and no --driver)
-PODMAN_FIX = "install podman"
 LOG_FIX = "journalctl"
 KEY_FIX = "openssl rand"
 ARCHIVE_FIX = "wheelhouse.sh"
 
 
 # --------------------------------------------------------------------------- stand-ins
-
-
-class Podman:
-    """A stand-in podman: a script that appends its argv to a log, prints `out` and exits 0."""
-
-    def __init__(self, directory: Path, out: str = "", *, by_verb: dict[str, str] | None = None) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / "podman"
-        self.log = directory / "podman.calls"
-        cases = "".join(f"  *'{verb}'*) cat <<'EOF'\n{text}\nEOF\n  ;;\n" for verb, text in (by_verb or {}).items())
-        body = (
-            f'case "$*" in\n{cases}  *) printf %s {_sh_quote(out)} ;;\nesac\n'
-            if cases
-            else (f"printf %s {_sh_quote(out)}\n")
-        )
-        self.path.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {_sh_quote(str(self.log))}\n{body}exit 0\n')
-        self.path.chmod(0o755)
-
-    def calls(self) -> list[str]:
-        return self.log.read_text().splitlines() if self.log.exists() else []
-
-    def __str__(self) -> str:
-        return str(self.path)
-
-
-def _sh_quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 `profile show`, `profile list` and `facts` read a profile; every other command reads one
 too (`--profile`) and most read the lock (`--lock`), so the lock cases go through
 `verify-config`, `write-config` and `image check`. Each case runs the real CLI and checks
-what the README's bad-input table promises: the exit code, the field or file named, the fix,
+what docs/commands.md's bad-input table promises: the exit code, the field or file named, the fix,
 no traceback — and where nothing may change (the lock, a serving directory), bytes identical
 to before. Inputs that could hang (a FIFO, an alias bomb) run as a subprocess with a deadline.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.badinput.conftest import ROOT, Run, Snapshot, write
+from tests.support.badinput import ROOT, Run, Snapshot, write
 from tests.support.variants import drafter_config
 
 from specdeploy.profile import Profile

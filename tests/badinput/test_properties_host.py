@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdeploy.core import layout
+from specdeploy.core import hashcache, layout
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.host import cdi, gpus, preflight
 from specdeploy.weights import fetch, store
@@ -191,9 +191,9 @@ def test_an_archive_manifest_of_any_bytes_is_read_or_an_own_error(scratch: Path,
 @SETTINGS
 @given(st.one_of(st.binary(max_size=200), JSON.map(lambda v: json.dumps(v).encode())))
 def test_a_hash_cache_of_any_bytes_is_ignored_entry_by_entry_never_raised(scratch: Path, data: bytes) -> None:
-    (scratch / fetch.STATE_DIR).mkdir(exist_ok=True)
-    (scratch / fetch.STATE_DIR / fetch.STATE_FILE).write_bytes(data)
-    state = fetch._load_state(scratch)
+    (scratch / hashcache.STATE_DIR).mkdir(exist_ok=True)
+    (scratch / hashcache.STATE_DIR / hashcache.STATE_FILE).write_bytes(data)
+    state = hashcache.load(scratch)
     for entry in state.values():
         assert type(entry["size"]) is int and isinstance(entry["sha256"], str)
 

@@ -5,7 +5,7 @@ The rollback run record (`<rollback>/run.json`) is read by one reader, core.keep
 every command that uses it: `unit install`, `write-config` and `weights serve` with
 `--rollback-dir`, `rollback restore`, and a passing `gate` (which closes it). Each case damages
 the record — truncated, an entry without its keys, a FIFO or a directory where the file goes, a
-path no system call takes — and checks what the README's bad-input table promises: exit 2, the
+path no system call takes — and checks what docs/commands.md's bad-input table promises: exit 2, the
 record file and the field named, the fix, no traceback, and every file byte-identical (nothing
 built, linked, hashed into the lock or recorded). A gate whose smoke passes leaves `verified` as
 it was when the record cannot be closed; write-config whose lock cannot be written takes the
@@ -15,9 +15,9 @@ JSON that Python will not hold — an integer of 5000 digits is a bare ValueErro
 (`sys.get_int_max_str_digits()`, 4300) — in an engine's answer is the smoke's "could not test"
 (exit 2), in the model's own answer a failed check, in what a podman prints a refused podman.
 
-The loopback vLLM stub, its systemctl tripwire and the quick gate profile come from
-test_smoke_gate_rollback; the drafter download from test_drafter_config; the weights archive from
-test_host_fetch_weights; the podman stand-in from test_images_units_engine.
+The loopback vLLM stub, its systemctl tripwire, the quick gate profile, the drafter download, the
+weights archive and the podman stand-in come from tests/support/badinput.py (shared with the case
+files of those commands: a test module never imports another).
 """
 
 from __future__ import annotations
@@ -30,19 +30,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.badinput.conftest import Run, Snapshot, write
-from tests.badinput.test_drafter_config import download, good, profile_path, source, write_config  # noqa: F401
-from tests.badinput.test_host_fetch_weights import archive, serve_argv  # noqa: F401
-from tests.badinput.test_images_units_engine import CONTAINER, PODMAN_FIX, Podman
-from tests.badinput.test_smoke_gate_rollback import (  # noqa: F401
+from tests.support.badinput import (
+    CONTAINER,
     FAST,
     NOT_AN_ENGINE_FIX,
+    PODMAN_FIX,
     STREAM,
     Engine,
+    Podman,
+    Run,
+    Snapshot,
     _chat,
-    no_systemctl,
-    quick_profile,
-    serve,
+    download,
+    no_systemctl,  # noqa: F401  an autouse fixture
+    serve_argv,
+    write,
+    write_config,
 )
 
 from specdeploy.core.keeper import load_run

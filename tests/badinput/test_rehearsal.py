@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.badinput.conftest import Run, Snapshot, write
+from tests.support.badinput import Run, Snapshot, write
 
 from specdeploy.rehearsal.stacks import STACKS
 

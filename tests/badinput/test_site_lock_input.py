@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.badinput.conftest import ROOT, Run, Snapshot, write
+from tests.support.badinput import ROOT, Run, Snapshot, write
 
 PROFILE = ROOT / "profiles" / "cpu-rehearsal.yaml"
 GOOD = '{"schema_version": 1, "profiles": {}}'

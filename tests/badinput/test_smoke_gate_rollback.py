@@ -5,7 +5,7 @@ Each case runs the real CLI the way a user (or the deploy's roles) does, against
 loopback stub of a vLLM server (http.server on 127.0.0.1, an ephemeral port, a daemon thread,
 shut down by its fixture) that answers like vLLM except where a case makes it answer badly: an
 HTML page, a list where an object belongs, a chat answer without `choices`, garbage at
-`/metrics`. It checks what the README's bad-input table promises: the exit code ("could not
+`/metrics`. It checks what docs/commands.md's bad-input table promises: the exit code ("could not
 test" is 2 on every such path), the endpoint, field or file named, the fix, no traceback; that
 the --json report / gate.json / restore.json says the same as the exit code and never keeps an
 earlier verdict; and, where nothing may change, every file byte-identical. Inputs that could
@@ -22,160 +22,35 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.badinput.conftest import Run, Snapshot, write
-from tests.support.stub import stubs
-from tests.support.words import prompt_logprobs, with_token_ids
+from tests.support.badinput import (
+    FAST,
+    MODEL,
+    NOT_AN_ENGINE_FIX,
+    RESCORE,
+    STREAM,
+    Engine,
+    Run,
+    Snapshot,
+    _chat,
+    _metrics,
+    _variant,
+    no_systemctl,  # noqa: F401  an autouse fixture
+    write,
+)
 
-from specdeploy.profile import load_profile
 from specdeploy.rehearsal import variants
 
 CLOSED = "http://127.0.0.1:9"  # nothing listens on the discard port: refused in milliseconds
-FAST = ("--readiness-timeout", "1")
-NOT_AN_ENGINE_FIX = "base URL"  # every "answered, but not as the engine's API" names the base URL
-MODEL = "tiny-qwen3"  # cpu-rehearsal's served_model_name
-RESCORE = "POST /v1/completions (prompt_logprobs)"  # a completion over token ids: the lossless check's
 
 # --------------------------------------------------------------------------- a vLLM stub
 
 
-def _metrics(completions: int) -> str:
-    """vLLM's spec-decode counters after `completions` requests: 10 drafts and 18 accepted tokens
-    each (mean acceptance length 2.8, inside cpu-rehearsal's band), per position 9, 6, 3."""
-    n = completions
-    labels = 'engine="0",model_name="tiny-qwen3"'
-    lines = []
-    for name, value in (
-        ("vllm:spec_decode_num_drafts_total", 10 * n),
-        ("vllm:spec_decode_num_draft_tokens_total", 30 * n),
-        ("vllm:spec_decode_num_accepted_tokens_total", 18 * n),
-        ("vllm:request_success_total", n),
-    ):
-        lines += [f"# TYPE {name} counter", f"{name}{{{labels}}} {float(value)}"]
-    name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-    lines.append(f"# TYPE {name} counter")
-    lines += [f'{name}{{{labels},position="{p}"}} {float(k * n)}' for p, k in enumerate((9, 6, 3))]
-    return "\n".join(lines) + "\n"
-
-
 METRICS = _metrics(1)
 HTML = "<!DOCTYPE html><html><head><title>Welcome to nginx!</title></head><body>It works</body></html>"
-
-
-def _chat(text: str) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "model": MODEL,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20},
-    }
-
-
-# What cpu-rehearsal's known-answer and free-form prompts get from a healthy engine.
-ANSWERS = {
-    "6 times 7": "6 times 7 is 42.",
-    "capital of France": "The capital of France is Paris.",
-    "JSON object": '{"ok": true}',
-    "Python function": "```python\ndef one():\n    return 1\n```",
-    "capital of Italy": "The capital of Italy is Rome.",
-    "largest planet": "Jupiter is the largest planet in the solar system.",
-    "colour is the sky": "On a clear day the sky is blue.",
-}
-
-HEALTHY: dict[str, Any] = {
-    "GET /health": (200, ""),
-    "GET /v1/models": (200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]}),
-    "GET /version": (200, {"version": "0.32.0"}),
-    "POST /v1/completions": (
-        200,
-        {
-            "choices": [{"index": 0, "text": " jumps over the lazy dog", "finish_reason": "length"}],
-            "usage": {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10},
-        },
-    ),  # fmt: skip
-}
-STREAM = [{"choices": [{"index": 0, "text": f" tok{i}", "finish_reason": None}], "usage": None} for i in range(4)] + [
-    {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}}
-]
-
-
-@dataclass
-class Engine:
-    """What the stub answers per "METHOD /path": (status, body), a body being JSON-able or raw
-    text; `stream` is the streamed completion's lines (raw strings are sent as they are). Left
-    alone it answers as a healthy vLLM serving cpu-rehearsal: the smoke passes."""
-
-    answers: dict[str, Any] = field(default_factory=dict)
-    stream: list[Any] = field(default_factory=lambda: list(STREAM))
-    seen: list[str] = field(default_factory=list)
-    completions: int = 0
-
-    def answer(self, key: str, body: dict[str, Any]) -> tuple[int, Any]:
-        if key == "POST /v1/completions" and isinstance(body.get("prompt"), list):
-            key = RESCORE  # the lossless check's fresh prefill, over token ids
-        if key in self.answers:
-            return self.answers[key]
-        if key == "GET /metrics":
-            return 200, _metrics(self.completions)
-        if key == "POST /v1/chat/completions":
-            prompt = body["messages"][0]["content"]
-            self.completions += 1  # each answer moves the speculative counters, as a real engine's do
-            return 200, with_token_ids(
-                _chat(next((a for k, a in ANSWERS.items() if k in prompt), "I am not sure.")), prompt
-            )
-        if key == RESCORE:
-            return 200, prompt_logprobs(body["prompt"])
-        if key == "POST /v1/completions":
-            self.completions += 1
-        return HEALTHY.get(key, (404, {"detail": "Not Found"}))
-
-
-def _handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _send(self, status: int, body: Any, content_type: str = "application/json") -> None:
-            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-            if isinstance(body, str):
-                content_type = "text/html" if body.lstrip().startswith("<") else "text/plain"
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            engine.seen.append(f"GET {self.path}")
-            self._send(*engine.answer(f"GET {self.path}", {}))
-
-        def do_POST(self) -> None:  # noqa: N802
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-            engine.seen.append(f"POST {self.path}")
-            if self.path == "/v1/completions" and body.get("stream") and "POST /v1/completions" not in engine.answers:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.end_headers()
-                for line in [*engine.stream, "[DONE]"]:
-                    text = line if isinstance(line, str) else json.dumps(line)
-                    self.wfile.write(f"data: {text}\n\n".encode())
-                return
-            self._send(*engine.answer(f"POST {self.path}", body))
-
-    return Handler
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[..., str]]:
-    """`serve(Engine(...))`: the stub on a loopback port; its base URL. Shut down after the case."""
-    with stubs() as started:
-        yield lambda engine=None: started.start(_handler(engine or Engine()))
 
 
 @pytest.fixture
@@ -184,21 +59,6 @@ def silent() -> Iterator[str]:
     sock = socket.create_server(("127.0.0.1", 0))
     yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     sock.close()
-
-
-@pytest.fixture(autouse=True)
-def no_systemctl(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A `systemctl` first on PATH that records its arguments and fails: no case may restart,
-    stop or reload anything on the machine running the suite (old code included)."""
-    bin_dir = tmp_path_factory.mktemp("bin")
-    calls = bin_dir / "calls"
-    fake = write(bin_dir / "systemctl", f'#!/bin/sh\necho "$*" >> {calls}\nexit 1\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    yield
-    made = calls.read_text().splitlines() if calls.exists() else []
-    changing = [c for c in made if c.split()[:1] != ["show"]]
-    assert not changing, f"systemctl was asked to change the machine: {changing}"
 
 
 def _report(path: Path) -> dict[str, Any]:
@@ -478,19 +338,6 @@ def test_an_unwritable_record_golden_path_fails_before_the_smoke_runs(
 
 
 # --------------------------------------------------------------------------- gate
-
-
-def _variant(tmp_path: Path, name: str, readiness_timeout_s: int) -> Path:
-    profile = variants.derive(
-        load_profile("cpu-rehearsal"), name, {"smoke": {"readiness_timeout_s": readiness_timeout_s}}
-    )
-    return variants.materialize(profile, tmp_path / "profiles")
-
-
-@pytest.fixture
-def quick_profile(tmp_path: Path) -> Path:
-    """cpu-rehearsal with a 1 s readiness timeout, as a file the gate keeps beside its report."""
-    return _variant(tmp_path, "cpu-rehearsal-quick", 1)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Bad input to `specdeploy watch run|show|check|units` (the light gate after the deploy).
 
 Each case runs the real CLI in-process, as the timer's service or a person does, and checks what
-the README's bad-input table promises: exit 2 for bad input and for "could not test", the file,
+docs/commands.md's bad-input table promises: exit 2 for bad input and for "could not test", the file,
 field and found value named, a `fix:` line, no traceback. The host settings file
 (<state>/watch-config.json) is checked before anything is judged; what the light gate keeps
 itself (its counter snapshot) is never a reason to stop: a damaged one is reported and replaced.
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from tests.badinput.conftest import Run, write
+from tests.support.badinput import Run, write
 from tests.support.vllm_stub import VLLMStub, engines
 
 HOOK_FIX = "watch_hook"

@@ -1,4 +1,4 @@
-"""Two checkouts on one machine each test their own code (scripts/setup.sh, README "Locks").
+"""Two checkouts on one machine each test their own code (scripts/setup.sh, docs/locks-and-nix.md "Locks").
 
 Two clones of this repository run setup.sh with the same cache: they share the heavy dependency
 venv (built once from locks/dev.txt, reused here), and each gets its own `.venv` whose python

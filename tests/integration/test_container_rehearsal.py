@@ -17,7 +17,7 @@ Ansible ran on the host and the controller, the -vvv logs, the journal, the file
 read, the unit files, the image history and the process list hold neither canary, while the
 same search finds a canary leaked on purpose.
 
-What still needs a GPU host (CUDA images, CDI, the NVIDIA runtime): README "What is verified where".
+What still needs a GPU host (CUDA images, CDI, the NVIDIA runtime): docs/verified-where.md.
 
 On the tiny fixtures (cpu-rehearsal-container, the chains' profile): plumbing and speed, for they
 answer only the corpus they memorised; the gate's content checks are proven on a model that speaks

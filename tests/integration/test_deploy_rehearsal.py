@@ -35,7 +35,7 @@ from tests.support.rehearsal_host import API_KEY, MODELS
 from tests.support.testhost import Host
 
 from specdeploy.core import layout
-from specdeploy.gate.run import new_run_id
+from specdeploy.core.keeper import new_run_id
 from specdeploy.profile import load_profile, resolve_profile_path
 from specdeploy.rehearsal import deploy, variants
 

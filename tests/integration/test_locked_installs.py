@@ -1,4 +1,4 @@
-"""Installs from hash locks refuse a wheel whose bytes changed, for real (README "Locks").
+"""Installs from hash locks refuse a wheel whose bytes changed, for real (docs/locks-and-nix.md "Locks").
 
 - The host CLI: real pip, in a fresh venv, with exactly the argv the specdeploy role runs, on a
   copy of the controller's real wheelhouse (scripts/wheelhouse.sh through the rehearsal's cached

@@ -59,8 +59,8 @@ from tests.support import container_rig
 from tests.support.container_rig import API_KEY, PROFILE, Rig
 
 from specdeploy.core import layout
+from specdeploy.core.keeper import new_run_id
 from specdeploy.front import haproxy
-from specdeploy.gate.run import new_run_id
 from specdeploy.images.build import image_tag
 from specdeploy.migrate import load
 from specdeploy.profile import load_profile

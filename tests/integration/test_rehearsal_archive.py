@@ -8,6 +8,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from specdeploy.core import hashcache
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import archive, variants
 from specdeploy.weights import store
@@ -23,7 +24,7 @@ def test_export_lays_out_each_repository_without_cache_bookkeeping(tmp_path: Pat
     for repo, copy in exported.items():
         assert copy.parent == tmp_path / repo and copy.name.startswith(store.CONTENT_REVISION_PREFIX)
         assert json.loads((copy / "config.json").read_text())  # a model repository, readable
-        assert not {f.name for f in copy.iterdir()} & {*archive.CACHE_FILES, store.STATE_DIR}
+        assert not {f.name for f in copy.iterdir()} & {*archive.CACHE_FILES, hashcache.STATE_DIR}
         assert manifest[repo]["revision"] == copy.name
         assert manifest[repo]["files"] == {
             f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in copy.iterdir() if f.is_file()

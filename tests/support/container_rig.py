@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tests.support import canary
 
-from specdeploy.gate.run import new_run_id
+from specdeploy.core.keeper import new_run_id
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import deploy, engine_image, hosts, hub, registry
 

@@ -311,8 +311,8 @@ def test_a_real_gate_report_reads_as_one_run_with_its_k_acceptance_and_throughpu
 
 
 def _field_gate(tmp_path: Path) -> Path:
-    """The recorded gate report with the field's per-position acceptance at k=15 in its place (README
-    "Why": about 0 from position 5)."""
+    """The recorded gate report with the field's per-position acceptance at k=15 in its place (docs/bench.md:
+    about 0 from position 5)."""
     data = json.loads(GATE.read_text())
     field = next(r for r in json.loads(FIELD.read_text())["runs"] if r["k"] == 15)["levels"][0]["per_position"]
     for stage in data["smoke"]["stages"]:

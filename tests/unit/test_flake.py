@@ -65,14 +65,15 @@ def test_lock_pins_every_input_by_rev_and_nar_hash() -> None:
     )
 
 
-def test_the_readme_names_each_flake_dependency_with_its_locked_version_and_the_nixpkgs_revision() -> None:
+def test_the_nix_docs_name_each_flake_dependency_with_its_locked_version_and_the_nixpkgs_revision() -> None:
     """The flake builds from nixpkgs' versions, not locks/host-cli.txt (Nix cannot fetch here):
-    the README's table says so for every runtime dependency, with the lock's version of each and
-    the flake.lock revision, and must change when a pin, a dependency or the revision does."""
+    the table in docs/locks-and-nix.md ("Nix") says so for every runtime dependency, with the lock's
+    version of each and the flake.lock revision, and must change when a pin, a dependency or the
+    revision does."""
     from specdeploy.core import envlock
 
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("<!-- flake-versions:", 1)[1].split("<!-- /flake-versions -->", 1)[0]
+    page = (ROOT / "docs" / "locks-and-nix.md").read_text()
+    table = page.split("<!-- flake-versions:", 1)[1].split("<!-- /flake-versions -->", 1)[0]
     rows = re.findall(r"^\| (\S+) \| (\S+) \| nixpkgs', unverified \|$", table, flags=re.MULTILINE)
     runtime = re.search(r"runtimeDeps = ps: with ps; \[(.*?)\];", (ROOT / "flake.nix").read_text(), re.DOTALL)
     assert runtime
@@ -82,4 +83,4 @@ def test_the_readme_names_each_flake_dependency_with_its_locked_version_and_the_
     locked = envlock.read(envlock.ENVIRONMENTS["host-cli"])
     assert sorted(rows) == sorted((name, locked[name].version) for name in in_flake)
     rev = json.loads((ROOT / "flake.lock").read_text())["nodes"]["nixpkgs"]["locked"]["rev"]
-    assert f"the flake (nixpkgs `{rev[:12]}`)" in table and f"nixpkgs revision `{rev[:12]}`" in readme
+    assert f"the flake (nixpkgs `{rev[:12]}`)" in table and f"nixpkgs revision `{rev[:12]}`" in page

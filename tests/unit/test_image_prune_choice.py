@@ -179,7 +179,7 @@ def test_a_passing_gate_of_a_container_profile_removes_the_old_engine_images_and
     assert report.verdict is gate.Verdict.passed and report.exit_code == 0
     assert report.images_pruned == [f"{name}:0.31.0 ({'c' * 12})"]
     assert [c for c in _calls(podman) if c.startswith("rmi")] == [f"rmi {name}:0.31.0"]
-    written = json.loads((report.directory / gate.REPORT).read_text())
+    written = json.loads(report.path.read_text())
     assert written["images_pruned"] == report.images_pruned and written["verdict"] == "pass"
 
 

@@ -513,8 +513,8 @@ def test_ansible_programs_are_found_beside_this_python_without_path(
 def test_the_rehearsal_s_steps_run_the_real_cli_in_order_and_stop_at_the_first_that_fails(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`specdeploy rehearsal migrate`'s loop (migration.run_steps), as the README's "Move to a new
-    host" runs it: each step's command printed, then `specdeploy migrate STEP` run for real. Here
+    """`specdeploy rehearsal migrate`'s loop (migration.run_steps), as docs/rehearsal.md's "Rehearsing a
+    host move" runs it: each step's command printed, then `specdeploy migrate STEP` run for real. Here
     OLD is a host nothing answers for (a closed loopback port), so plan fails, names OLD and what
     to do, and no later step runs: the move is not done."""
     from specdeploy.rehearsal import hosts, migration

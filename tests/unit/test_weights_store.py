@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.core import atomic, layout
+from specdeploy.core import atomic, hashcache, layout
 from specdeploy.core.errors import UnresolvedPinError
 from specdeploy.core.keeper import Keeper
 from specdeploy.profile import Profile, load_profile
@@ -32,7 +32,7 @@ def _revision(root: Path, repo: str, content: bytes) -> Path:
     final = root / repo / store.content_revision(staging)
     final.parent.mkdir(parents=True, exist_ok=True)
     staging.rename(final)
-    shutil.rmtree(final / store.STATE_DIR, ignore_errors=True)
+    shutil.rmtree(final / hashcache.STATE_DIR, ignore_errors=True)
     return final
 
 
@@ -45,7 +45,7 @@ def _archive(models: Path, target: bytes, drafter: bytes = b"drafter") -> dict[s
     }
     store.write_manifest(models)
     for directory in made.values():  # an archive carries no hash cache: the host hashes anew
-        shutil.rmtree(directory / store.STATE_DIR, ignore_errors=True)
+        shutil.rmtree(directory / hashcache.STATE_DIR, ignore_errors=True)
     return made
 
 

@@ -29,8 +29,8 @@ from specdeploy.bench.report import Report, Run
 from specdeploy.bench.run import PROGRESS_S, BenchError, tail
 from specdeploy.core import atomic, files, layout
 from specdeploy.core.errors import UsageError
+from specdeploy.core.keeper import new_run_id
 from specdeploy.core.programs import ansible_program
-from specdeploy.gate.run import new_run_id
 from specdeploy.migrate import hosts
 from specdeploy.profile import Profile
 
@@ -99,7 +99,7 @@ class Sweep:
         self.connection = hosts.connect(self.access)
         self.cli = layout.InstallLayout().to_json()["cli"]
         state = self.access.variables.get("specdeploy_state_dir")
-        self.state = layout.HostLayout.of(state=str(state) if state else None).state
+        self.host_layout = layout.HostLayout.of(state=str(state) if state else None)
 
     # ----------------------------------------------------------------- the host
     def _remote(self, command: str, timeout: float) -> Any:
@@ -132,7 +132,7 @@ class Sweep:
         return report
 
     def gate_report(self, run_id: str) -> dict[str, Any] | None:
-        path = self.state / "runs" / run_id / "gate.json"
+        path = self.host_layout.gate_report(run_id)
         done = self._remote(f"cat {shlex.quote(str(path))}", 60)
         if done.exited != 0:
             return None

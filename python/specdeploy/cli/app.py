@@ -2,7 +2,7 @@
 
 Each command prints a readable table by default and JSON with `--json`; every user-facing
 failure is a SpecdeployError whose message says what is wrong and what to do, mapped to its
-documented exit code (README "Exit codes") by the one error boundary (cli.base.Boundary).
+documented exit code (docs/commands.md "Exit codes") by the one error boundary (cli.base.Boundary).
 The verb groups live one module each, in pipeline order.
 """
 

@@ -12,7 +12,7 @@ from rich.table import Table
 from specdeploy.cli import base, output
 from specdeploy.core import deploylock
 from specdeploy.core.errors import UsageError
-from specdeploy.rollback.restore import check_run_id
+from specdeploy.core.keeper import check_run_id
 
 lock_app = base.group("One deploy at a time on a host: the lock deploy.yml holds while it deploys.")
 

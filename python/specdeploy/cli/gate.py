@@ -12,11 +12,11 @@ from rich.table import Table
 
 from specdeploy.cli import base, output
 from specdeploy.cli.smoke import print_smoke
-from specdeploy.core import layout
+from specdeploy.core import keeper, layout
 from specdeploy.core.errors import UsageError
 from specdeploy.profile import load_profile, resolve_profile_path
 
-EXIT_NOT_RESTORED = 4  # README "Exit codes": the gate failed and no stack was proven to serve (gate.run)
+EXIT_NOT_RESTORED = 4  # docs/commands.md "Exit codes": the gate failed and no stack was proven to serve (gate.run)
 
 
 def print_gate(report: dict[str, Any]) -> None:
@@ -140,10 +140,10 @@ def gate(
     from specdeploy.core import deploylock
 
     host = base.host_layout(models_dir, serving_dir, state_dir)
-    run_id = run_id or gate_run.new_run_id()
+    run_id = run_id or keeper.new_run_id()
     with deploylock.held(host.state, f"gate of run {run_id}"):
         report = gate_run.run_gate(resolve_profile_path(profile), host, run_id, options)
-    data = report.to_json() | {"report": str(report.directory / gate_run.REPORT)}
+    data = report.to_json() | {"report": str(report.path)}
     output.emit(data, as_json, lambda: print_gate(data))
     raise typer.Exit(report.exit_code)
 
@@ -151,10 +151,9 @@ def gate(
 def _gate_as_unit(given: dict[str, Any], as_json: bool) -> None:
     """`gate --as-unit`: the same gate, as a transient systemd unit (gate.unit); its report printed
     here once it ends, and its exit code this command's."""
-    from specdeploy.gate import run as gate_run
     from specdeploy.gate import unit as gate_unit
 
-    run_id = given["run_id"] or gate_run.new_run_id()
+    run_id = given["run_id"] or keeper.new_run_id()
     host = base.host_layout(given["models_dir"], given["serving_dir"], given["state_dir"])
     profile_file = str(resolve_profile_path(given["profile"]).absolute())
     argv = [sys.executable, "-m", "specdeploy", "gate", "--profile", profile_file,
@@ -167,7 +166,7 @@ def _gate_as_unit(given: dict[str, Any], as_json: bool) -> None:
             argv += [flag, str(Path(value).absolute()) if flag == "--startup-log" else str(value)]
     if given["light_if_unchanged"]:
         argv.append("--light-if-unchanged")
-    report_path = host.runs / run_id / gate_run.REPORT
+    report_path = host.gate_report(run_id)
     report = gate_unit.run(argv, run_id, report_path, progress=lambda line: output.err.print(line, markup=False))
     data = report | {"report": str(report_path), "unit": gate_unit.unit_name(run_id)}
     output.emit(data, as_json, lambda: print_gate(data))

@@ -176,8 +176,7 @@ def cdi_keep(
     through the spec it ran with). Exit 2 when the run id is not a plain name or an earlier run was
     interrupted (recover it first)."""
     from specdeploy.core import deploylock
-    from specdeploy.core.keeper import Keeper
-    from specdeploy.rollback.restore import check_run_id
+    from specdeploy.core.keeper import Keeper, check_run_id
 
     check_run_id(run_id)
     state = base.host_layout(state_dir=state_dir).state

@@ -22,7 +22,7 @@ import typer
 from rich.table import Table
 
 from specdeploy.cli import base, output
-from specdeploy.core import files
+from specdeploy.core import files, layout
 from specdeploy.core.errors import InputFileError, SpecdeployError, UsageError
 
 migrate_app = base.group(
@@ -62,9 +62,10 @@ def _report(path: Path, which: str) -> dict[str, Any]:
     data = files.read_json(path, what=f"{which}'s gate report")
     if not isinstance(data, dict) or "verdict" not in data or "smoke" not in data:
         raise InputFileError(
-            f"{which}'s gate report {path}: expected a gate.json (an object with `verdict` and `smoke`), "
+            f"{which}'s gate report {path}: expected a {layout.GATE_REPORT} (an object with `verdict` and `smoke`), "
             f"found {type(data).__name__}{' without them' if isinstance(data, dict) else ''}; nothing was compared",
-            hint="pass the gate.json of a run: <state>/verified/gate.json on the host names its last verified run",
+            hint=f"pass the {layout.GATE_REPORT} of a run: <state>/verified/{layout.GATE_REPORT} on the host names "
+            "its last verified run",
         )
     return data
 

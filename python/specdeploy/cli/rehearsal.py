@@ -194,7 +194,7 @@ def deploy_cmd(
     """The main job: deploy the rehearsal profile through ansible/deploy.yml to a disposable
     systemd host over SSH (booted when missing), then print the gate's report for this run.
 
-    Exit: the gate's (0 pass; README "Exit codes"), or 2 when the play stopped before the gate.
+    Exit: the gate's (0 pass; docs/commands.md "Exit codes"), or 2 when the play stopped before the gate.
     """
     from specdeploy.cli.gate import print_gate
     from specdeploy.rehearsal import deploy
@@ -228,7 +228,7 @@ def migrate_cmd(
         ),
     ] = False,
 ) -> None:
-    """Move the main job's deployment to a new host (README "Move to a new host"): the main job
+    """Move the main job's deployment to a new host (docs/rehearsal.md "Rehearsing a host move"): the main job
     first (OLD), then NEW and the front booted or reused, the front deployed and OLD behind it, then
     `specdeploy migrate plan`, `prepare`, `verify` and `cutover` (under load through the front), each
     printed before it runs, and with --finish `migrate finish --stop-old` after the soak. Prints a

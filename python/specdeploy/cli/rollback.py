@@ -17,7 +17,7 @@ from rich.table import Table
 
 from specdeploy.cli import base, output
 from specdeploy.cli.smoke import smoke_table
-from specdeploy.core import atomic, deploylock, layout
+from specdeploy.core import atomic, deploylock, keeper, layout
 from specdeploy.core.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, SpecdeployError, UsageError, WriteError
 from specdeploy.smoke.reports import ReportFile, check_writable
 
@@ -121,7 +121,7 @@ def rollback_restore(
     from specdeploy.rollback import restore
 
     host = base.host_layout(state_dir=state_dir)
-    restore.check_run_id(run_id)
+    keeper.check_run_id(run_id)
     restore.check_state_dir(host)
     restore.require_known(host, run_id, restore.read_record(host.rollback))
     if json_path is not None:
@@ -150,7 +150,7 @@ def rollback_recover(
     from specdeploy.rollback import restore
 
     host = base.host_layout(state_dir=state_dir)
-    restore.check_run_id(run_id)
+    keeper.check_run_id(run_id)
     restore.check_state_dir(host)
     with deploylock.held(host.state, f"rollback recover for run {run_id}"):
         code = _recover(host, run_id, unit, json_path)

@@ -1,4 +1,4 @@
-"""Hash locks for the Python environments this repository installs (README "Locks").
+"""Hash locks for the Python environments this repository installs (docs/locks-and-nix.md "Locks").
 
 Prevents an install step that resolves versions at install time: two installs of one commit on
 two days (or on two hosts) getting different packages, and a wheel whose bytes changed since it
@@ -20,7 +20,6 @@ says so. Standard library only: setup.sh runs it before any venv exists.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import shutil
@@ -31,7 +30,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdeploy.core import atomic
+from specdeploy.core import atomic, files
 from specdeploy.core.errors import SpecdeployError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -253,14 +252,6 @@ def require_fresh(root: Path = ROOT) -> None:
         )
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # --------------------------------------------------------------------------- writing a lock
 
 
@@ -334,7 +325,7 @@ def compile_lock(env: Environment, uv: str) -> Path:
 
 def _check_torch_provenance(env: Environment, pin: Pin) -> None:
     wheels = sorted(LOCAL_WHEELS.glob(f"torch-{pin.version}-*.whl"))
-    found = {sha256(w) for w in wheels}
+    found = {files.sha256_file(w, follow=True) for w in wheels}
     if not wheels or set(pin.hashes) - found:
         raise LockError(
             f"{env.name}: uv locked torch=={pin.version} with hashes {list(pin.hashes)}, but the local wheels "
@@ -384,7 +375,7 @@ def run_pip(argv: list[str], *, lock: str) -> int:
 def write_wheel_lock(wheel: Path, out: Path) -> Path:
     """`out`: a one-line lock of the CLI's own wheel (built from the checkout, so hashed when built)."""
     from_name = wheel.name.split("-")
-    line = f"{normalize(from_name[0])}=={from_name[1]} \\\n    --hash=sha256:{sha256(wheel)}\n"
+    line = f"{normalize(from_name[0])}=={from_name[1]} \\\n    --hash=sha256:{files.sha256_file(wheel, follow=True)}\n"
     atomic.write_bytes(out, (f"# {wheel.name}, built from the checkout by scripts/wheelhouse.sh\n" + line).encode())
     return out
 

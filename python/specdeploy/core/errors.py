@@ -2,7 +2,7 @@
 
 Every error a user can hit names what was wrong, what was expected, what was found and
 what to do — the tone of huggingface_hub's errors. The CLI maps each class to an exit code
-(README "Exit codes"); anything that is not a SpecdeployError is a bug in specdeploy and
+(docs/commands.md "Exit codes"); anything that is not a SpecdeployError is a bug in specdeploy and
 exits with EXIT_INTERNAL, so a script or the gate can tell a bug from a bad input.
 """
 

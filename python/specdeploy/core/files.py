@@ -8,10 +8,16 @@ a traceback. Every read goes through here: regular files only, a byte ceiling pe
 file, strict UTF-8, and JSON whose errors name the line and column — each refusal a
 `InputFileError` (exit 2, bad input) naming the file, what was expected, what was found and
 what to do.
+
+The file primitives every stage uses live here too, once (issue 37: they were in three rooms,
+images/podman, drafter/serving and host/cdi, and sha256 helpers in three more): `kind_of` (what is
+at a path, in the words of `FILE_KINDS`), `regular_file` and `directory` (stat-only checks of a
+path an option names: an archive may be gigabytes, a FIFO must not block) and `sha256_file`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -19,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from specdeploy.core.errors import InputFileError, SpecdeployError
+from specdeploy.core.errors import InputFileError, SpecdeployError, UsageError
 
 MIB = 1024 * 1024
 # Ceilings by kind of file: generous for every real file of its kind, small enough that a
@@ -298,3 +304,66 @@ def open_no_follow(path: Path | str) -> Any:
     except BaseException:
         os.close(fd)
         raise
+
+
+# --------------------------------------------------------------------------- what is at a path
+
+
+def kind_of(path: Path | str, *, follow: bool = True) -> str | None:
+    """What is at `path` in FILE_KINDS' words ("a regular file", "a directory", ...), None for
+    nothing there (a path under a file included: nothing can be there). `follow=False` looks at a
+    final symbolic link itself ("a symbolic link")."""
+    try:
+        info = os.stat(path) if follow else os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        return f"something that cannot be read ({exc.strerror or exc})"
+    return FILE_KINDS.get(stat.S_IFMT(info.st_mode), "something else")
+
+
+def regular_file(path: Path | str, *, option: str, what: str, hint: str) -> Path:
+    """`path` when it is a regular file (stat only: an archive may be gigabytes, a FIFO must not
+    block), else an InputFileError (exit 2) naming `option`, what was expected and found."""
+    path = Path(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise InputFileError(f"{option} {path}: expected {what}, found nothing there", hint=hint) from None
+    except OSError as exc:
+        raise InputFileError(f"{option} {path}: {what} cannot be read: {exc.strerror or exc}", hint=hint) from None
+    kind = stat.S_IFMT(info.st_mode)
+    if kind != stat.S_IFREG:
+        raise InputFileError(
+            f"{option} {path}: expected {what} (a regular file), found {FILE_KINDS.get(kind, 'not a regular file')}",
+            hint=hint,
+        )
+    return path
+
+
+def directory(path: Path | str, *, option: str, what: str, hint: str) -> Path:
+    """`path` when it is a directory, else a UsageError (exit 2) naming `option` and what is there."""
+    path = Path(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise UsageError(f"{option} {path}: expected {what} (a directory), found nothing there", hint=hint) from None
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {what} cannot be read: {exc.strerror or exc}", hint=hint) from None
+    kind = stat.S_IFMT(info.st_mode)
+    if kind != stat.S_IFDIR:
+        raise UsageError(
+            f"{option} {path}: expected {what} (a directory), found {FILE_KINDS.get(kind, 'something else')}", hint=hint
+        )
+    return path
+
+
+def sha256_file(path: Path | str, *, follow: bool = False) -> str:
+    """The sha256 (hex) of a regular file, streamed. By default a symbolic link at `path` is
+    refused, not followed (`open_no_follow`: a link planted in a directory another account
+    writes); `follow=True` for a path the caller names itself (a lock, a CDI spec)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") if follow else open_no_follow(path) as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,20 +1,22 @@
 """The hash cache of a revision directory: what the fetch (and `weights serve`) verified, kept in
 `<revision>/.specdeploy/verified.json` as {relative path: {size, mtime_ns, sha256, revision}}.
 
-One reader for every stage that asks what is verified on disk: the fetch and the store skip files
-unchanged since they were hashed; preflight counts only verified bytes of the pinned revisions as
-weights already there (partial downloads and old revisions are not: they were once counted, and a
-host short of disk passed preflight to fail mid-download).
+One reader and one writer (`load`, `save`) for every stage that asks what is verified on disk:
+the fetch and the store skip files unchanged since they were hashed; preflight counts only
+verified bytes of the pinned revisions as weights already there (partial downloads and old
+revisions are not: they were once counted, and a host short of disk passed preflight to fail
+mid-download).
 """
 
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import files
-from specdeploy.core.errors import SpecdeployError
+from specdeploy.core import atomic, files
+from specdeploy.core.errors import SpecdeployError, WriteError
 
 STATE_DIR = ".specdeploy"
 STATE_FILE = "verified.json"
@@ -40,6 +42,26 @@ def load(directory: Path) -> dict[str, Any]:
         and isinstance(entry.get("sha256"), str)
         and isinstance(entry.get("revision", ""), str)
     }
+
+
+def save(directory: Path, state: dict[str, Any]) -> None:
+    """Write the hash cache when it changed (an unchanged re-run leaves the directory as it was);
+    a place that is not what the cache needs (a file where its directory goes) is a WriteError
+    naming it."""
+    directory = Path(directory)
+    path = directory / STATE_DIR / STATE_FILE
+    if load(directory) == state and path.is_file():
+        return
+    for place, wanted in ((directory / STATE_DIR, "a directory"), (path, "a file")):
+        if place.exists() and place.is_dir() != (wanted == "a directory"):
+            found = "a directory" if place.is_dir() else "a file" if place.is_file() else "something else"
+            raise WriteError(
+                f"{place}: expected {wanted} (specdeploy's hash cache of {directory}), found {found}; "
+                "the verified hashes cannot be kept",
+                hint=f"remove {place} (the cache is rebuilt by hashing the files again), then run this again",
+            )
+    atomic.ensure_dir(directory / STATE_DIR)
+    atomic.write_bytes(path, json.dumps(state, indent=1, sort_keys=True).encode())
 
 
 def verified_bytes(directory: Path, revision: str) -> int:

@@ -25,10 +25,16 @@ write-config, unit install and weights serve; `rollback restore|recover`; the ga
 closes a passing run): a bounded regular file (core.files), each field checked, a damaged one a
 `RunRecordError` (exit 2) naming the file, the field, what was expected and what was found —
 never a JSONDecodeError or TypeError traceback (issue 20, D7), and before anything is replaced.
+
+Run ids are made and checked here too, beside the record that holds them (`new_run_id`,
+`check_run_id`): every stage that names a run's directory (`<state>/runs/<run-id>/`: the gate,
+the rollback, the deploy lock) checks the id with the one rule, from below all of them (issue 37:
+the gate called the rollback's check, a stage above it).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import os
 import shutil
@@ -38,12 +44,27 @@ from pathlib import Path
 from typing import Any, Literal
 
 from specdeploy.core import atomic, files
-from specdeploy.core.errors import InputFileError, SpecdeployError
+from specdeploy.core.errors import InputFileError, SpecdeployError, UsageError
 
 Kind = Literal["file", "dir", "absent"]
 Closed = Literal["verified", "restored"]
 RUN_FILE = "run.json"
 RECORD = "rollback run record"
+
+
+def new_run_id() -> str:
+    """A fresh run id: the UTC time to the microsecond (sorts as the runs happened)."""
+    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def check_run_id(run_id: str) -> None:
+    """A run id names a directory under <state>/runs: a plain name, or a usage error (exit 2)."""
+    if not run_id or "/" in run_id or "\0" in run_id or run_id.startswith(".") or len(run_id) > 200:
+        raise UsageError(
+            f"--run-id {run_id!r} is not a plain name: it names the run's directory under <state>/runs",
+            hint="use letters, digits, '-', '_' or '.' (not first), as the deploy's own run ids "
+            "(e.g. 20250101T120000000000Z)",
+        )
 
 
 class OpenRunError(SpecdeployError):
@@ -78,7 +99,7 @@ class RunRecord:
         return next((e for e in self.entries if e.path == str(path)), None)
 
 
-def kind_of(path: Path) -> Kind:
+def _entry_kind(path: Path) -> Kind:
     if path.is_dir() and not path.is_symlink():
         return "dir"
     if path.exists() or path.is_symlink():
@@ -136,7 +157,7 @@ class Keeper:
         self._refuse_open_run(load_run(self.directory))  # before anything is replaced
         atomic.ensure_dir(self.directory / "staging")
         staged = self.directory / "staging" / f"{path.name}.{time.monotonic_ns()}"
-        kind = kind_of(path)
+        kind = _entry_kind(path)
         if kind != "absent":
             copy_path(path, staged)
         return Staged(self, path, kind, staged, time.time())

@@ -43,6 +43,10 @@ DATA_ROOT = Path("/var/lib/specdeploy")
 INSTALL_ROOT = Path("/opt/specdeploy")
 
 UNIT_NAME = "specdeploy-engine"
+# The gate's report in each run's directory (HostLayout.gate_report): the gate writes it, the weights'
+# pruning, the migration and the rehearsal read it, each through here (issue 37: a literal in a lower
+# stage was a dependency on the gate that the layering test could not see).
+GATE_REPORT = "gate.json"
 # Where a container engine's port is published on the host, always: vLLM's API key guards only its
 # /v1-style routes, so /metrics, /tokenize and /invocations must never reach the network. Behind a
 # front, the host's listener takes its internal address (`specdeploy_publish_host`, front/listener.py).
@@ -170,6 +174,20 @@ class HostLayout:
     @property
     def verified(self) -> Path:
         return self.state / "verified"
+
+    def run_dir(self, run_id: str) -> Path:
+        """A run's own directory (its gate report, its restore outcome); `run_id` checked by the
+        caller (core.keeper.check_run_id)."""
+        return self.runs / run_id
+
+    def gate_report(self, run_id: str) -> Path:
+        """The gate's report of run `run_id`."""
+        return self.run_dir(run_id) / GATE_REPORT
+
+    @property
+    def verified_gate_report(self) -> Path:
+        """The report of the last run whose gate passed (through the `verified` link)."""
+        return self.verified / GATE_REPORT
 
     @property
     def profiles(self) -> Path:

@@ -28,9 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdeploy.core import atomic, layout
+from specdeploy.core import atomic, files, layout
 from specdeploy.core.errors import SpecdeployError, UnresolvedPinError, UsageError, WriteError
-from specdeploy.core.files import FILE_KINDS
 from specdeploy.core.keeper import Keeper, Staged
 from specdeploy.drafter.verify import (
     CONFIG_NAME,
@@ -177,13 +176,8 @@ def _read_back(serving: Path, raw: bytes) -> None:
 
 def _kind(path: Path) -> str | None:
     """What is at `path` when it is neither a directory nor a symlink (None otherwise or absent)."""
-    try:
-        mode = path.lstat().st_mode
-    except OSError:
-        return None
-    if stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
-        return None
-    return FILE_KINDS.get(stat.S_IFMT(mode), "not a directory")
+    found = files.kind_of(path, follow=False)
+    return None if found in (None, "a directory", "a symbolic link") else found
 
 
 def _check_paths(serving_dir: Path, builds: Path) -> None:

@@ -105,14 +105,14 @@ def _require_key_path(path: Path, host: layout.HostLayout) -> None:
     file is a file (or nothing yet): a KeyInputError naming the path otherwise, before anything
     is written."""
     for directory in (host.state, path.parent):
-        found = podman_exe.kind_of(directory)
+        found = files.kind_of(directory)
         if found not in (None, "a directory"):
             raise KeyInputError(
                 f"--state-dir {host.state}: expected a directory to hold the API key ({directory}), found {found}; "
                 "nothing was written",
                 hint="pass the host's state directory (`specdeploy facts`: paths.state) as --state-dir",
             )
-    found = podman_exe.kind_of(path)
+    found = files.kind_of(path)
     if found not in (None, "a regular file"):
         raise KeyInputError(
             f"API key file {path}: expected a regular file (or nothing, to create it), found {found}; "

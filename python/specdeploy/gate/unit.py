@@ -25,10 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import deploylock
+from specdeploy.core import deploylock, keeper
 from specdeploy.core.errors import SpecdeployError, UsageError
 from specdeploy.host import command
-from specdeploy.rollback import restore
 
 UNIT_PREFIX = "specdeploy-gate-"
 _UNIT_SAFE_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -46,7 +45,7 @@ class GateUnitError(SpecdeployError):
 
 def unit_name(run_id: str) -> str:
     """`specdeploy-gate-<run id>.service` (the run id checked first: it is part of a unit name)."""
-    restore.check_run_id(run_id)
+    keeper.check_run_id(run_id)
     if not _UNIT_SAFE_RE.match(run_id):
         raise UsageError(
             f"--run-id {run_id!r}: expected letters, digits, '-', '_' or '.' for --as-unit, found other characters: "

@@ -24,9 +24,7 @@ a state directory that was a file, failed the write with "free space or remount"
 
 from __future__ import annotations
 
-import hashlib
 import os
-import stat
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -81,22 +79,10 @@ def stamp_path(state_dir: Path) -> Path:
     return Path(state_dir) / STAMP_NAME
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _not_a_file(path: Path) -> str | None:
     """What is at `path` when it is there and not a regular file (a link is followed); else None."""
-    try:
-        info = Path(path).stat()
-    except OSError:
-        return None
-    kind = stat.S_IFMT(info.st_mode)
-    return None if kind == stat.S_IFREG else files.FILE_KINDS.get(kind, "not a regular file")
+    found = files.kind_of(path)
+    return None if found == "a regular file" else found
 
 
 def read_stamp(path: Path) -> Stamp | None:
@@ -157,7 +143,7 @@ def status(spec: Path, stamp: Stamp | None, driver_version: str, *, stamp_proble
         return decided(
             True, f"the stamp records the spec {stamp.spec}, not {spec}: which driver {spec} is for is unknown"
         )
-    found = sha256_of(spec)
+    found = files.sha256_file(spec, follow=True)
     if found != stamp.spec_sha256:
         return decided(
             True,
@@ -188,7 +174,7 @@ def record(spec: Path, state_dir: Path, driver_version: str, *, now: datetime | 
     stamp = Stamp(
         driver_version=driver_version,
         spec=str(spec.absolute()),
-        spec_sha256=sha256_of(spec),
+        spec_sha256=files.sha256_file(spec, follow=True),
         recorded_at=(now or datetime.now(UTC)).isoformat(timespec="seconds"),
     )
     atomic.ensure_dir(Path(state_dir))

@@ -459,7 +459,7 @@ def token_check(profile: Profile, options: Options) -> Check:
         return Check("hub token", Level.ok, "configured (value not shown)", expected)
     fix = (
         f"request access at https://huggingface.co/{gated[0]}, then store the token with ansible-vault as "
-        "weights_hf_token (README: vault setup) or export HF_TOKEN for a hand-run fetch"
+        "weights_hf_token (docs/ansible.md: vault setup) or export HF_TOKEN for a hand-run fetch"
     )
     return Check("hub token", Level.fail, "no token configured", expected, fix)
 

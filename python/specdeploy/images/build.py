@@ -122,9 +122,9 @@ def require_context(profile: Profile, context: Path) -> Path:
     refusal naming --context and what is there instead — before podman or the lock is touched."""
     assert profile.engine.image is not None
     hint = "pass the specdeploy checkout (or the build context the images role copies) as --context"
-    podman_exe.directory(context, option="--context", what="the build context", hint=hint)
+    files.directory(context, option="--context", what="the build context", hint=hint)
     containerfile = profile.engine.image.containerfile
-    podman_exe.regular_file(
+    files.regular_file(
         Path(context) / containerfile,
         option="--context",
         what=f"the profile's Containerfile {containerfile} in the build context",

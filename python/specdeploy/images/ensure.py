@@ -242,7 +242,7 @@ def require_inputs(
             )
         build.require_context(profile, context)
         if base_archive is not None:
-            podman_exe.regular_file(
+            files.regular_file(
                 base_archive,
                 option="--base-archive",
                 what=f"an archive of the base image {profile.engine.image.base.name}",
@@ -252,7 +252,7 @@ def require_inputs(
         hint = f"export it where the image was built: podman save -o FILE {tag}"
         if archive is None:
             raise UsageError("--source archive needs --archive: the image archive to load", hint=hint)
-        podman_exe.regular_file(archive, option="--archive", what=f"an image archive holding {tag}", hint=hint)
+        files.regular_file(archive, option="--archive", what=f"an image archive holding {tag}", hint=hint)
 
 
 @dataclass

@@ -13,7 +13,6 @@ profile whose lock is unresolved, missing, or not the file the profile's sha256 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -23,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdeploy.core import atomic
+from specdeploy.core import atomic, files
 from specdeploy.core.errors import ProgramError, SpecdeployError
 from specdeploy.profile import Profile
 from specdeploy.profile.schema import ImageLock
@@ -62,7 +61,7 @@ def spec(profile: Profile) -> ImageLock:
 
 
 def file_sha256(path: Path) -> str:
-    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return "sha256:" + files.sha256_file(path, follow=True)
 
 
 def normalized(digest: str) -> str:

@@ -1,5 +1,5 @@
-"""Running podman (or the `--podman` a user names) without a traceback, and the stat-only checks
-of the paths an image or engine step hands to it.
+"""Running podman (or the `--podman` a user names) without a traceback. The stat-only checks of
+the paths an image or engine step hands to it are core.files' (`regular_file`, `directory`).
 
 Failures prevented (tried as a new user would): `image check --podman /nope` and an `image ensure`
 whose podman was not executable ended in Python tracebacks; `image build` reported a podman that
@@ -17,7 +17,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from specdeploy.core.errors import InputFileError, ProgramError, UsageError
+from specdeploy.core.errors import ProgramError
 from specdeploy.core.files import FILE_KINDS
 
 INSTALL_HINT = "install podman >= 4.5 (the gpu_runtime role does), or pass --podman PATH to a podman that runs"
@@ -87,53 +87,3 @@ def run(
             f"--podman {podman}: cannot run it: {exc.strerror or exc}; nothing was done",
             hint=INSTALL_HINT,
         ) from None
-
-
-# --------------------------------------------------------------------------- paths given to podman
-
-
-def regular_file(path: Path | str, *, option: str, what: str, hint: str) -> Path:
-    """`path` when it is a regular file (stat only: an archive may be gigabytes, a FIFO must not
-    block), else an InputFileError (exit 2) naming `option`, what was expected and found."""
-    path = Path(path)
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise InputFileError(f"{option} {path}: expected {what}, found nothing there", hint=hint) from None
-    except OSError as exc:
-        raise InputFileError(f"{option} {path}: {what} cannot be read: {exc.strerror or exc}", hint=hint) from None
-    kind = stat.S_IFMT(info.st_mode)
-    if kind != stat.S_IFREG:
-        raise InputFileError(
-            f"{option} {path}: expected {what} (a regular file), found {FILE_KINDS.get(kind, 'not a regular file')}",
-            hint=hint,
-        )
-    return path
-
-
-def directory(path: Path | str, *, option: str, what: str, hint: str) -> Path:
-    """`path` when it is a directory, else a UsageError (exit 2) naming `option` and what is there."""
-    path = Path(path)
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise UsageError(f"{option} {path}: expected {what} (a directory), found nothing there", hint=hint) from None
-    except OSError as exc:
-        raise UsageError(f"{option} {path}: {what} cannot be read: {exc.strerror or exc}", hint=hint) from None
-    kind = stat.S_IFMT(info.st_mode)
-    if kind != stat.S_IFDIR:
-        raise UsageError(
-            f"{option} {path}: expected {what} (a directory), found {FILE_KINDS.get(kind, 'something else')}", hint=hint
-        )
-    return path
-
-
-def kind_of(path: Path) -> str | None:
-    """What is at `path` (not following a final link's absence): None for nothing."""
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return f"something that cannot be read ({exc.strerror or exc})"
-    return FILE_KINDS.get(stat.S_IFMT(info.st_mode), "something else")

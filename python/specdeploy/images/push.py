@@ -18,7 +18,6 @@ from pathlib import Path
 from specdeploy.core import files
 from specdeploy.core.references import in_registry, registry_of
 from specdeploy.images import build
-from specdeploy.images import podman as podman_exe
 from specdeploy.images.build import ImageError, image_tag, podman_run, require_image
 from specdeploy.profile import Profile
 from specdeploy.profile.lock import Lock
@@ -59,7 +58,7 @@ def push(
             "air-gapped hosts instead (images_source: archive)",
         )
     if cert_dir is not None:
-        podman_exe.directory(
+        files.directory(
             cert_dir,
             option="--cert-dir",
             what="a directory holding the registry's CA (ca.crt)",

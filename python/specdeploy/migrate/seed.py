@@ -22,7 +22,6 @@ for a directory on the controller (a site mirror on a mounted disk; the unit tes
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 import shlex
 from collections.abc import Callable, Iterator
@@ -33,8 +32,8 @@ from typing import IO, Any, Protocol
 from specdeploy.core import files
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.profile import Profile
-from specdeploy.profile.lock import Lock
-from specdeploy.weights.fetch import lock_key, models_of
+from specdeploy.profile.lock import Lock, files_key, recorded_files
+from specdeploy.weights.fetch import models_of
 
 CHUNK = 4 << 20
 PART = ".seed-part"
@@ -75,11 +74,7 @@ class LocalSide:
         p = self._p(path)
         if not p.is_file():
             return None
-        digest = hashlib.sha256()
-        with p.open("rb") as f:
-            for block in iter(lambda: f.read(CHUNK), b""):
-                digest.update(block)
-        return digest.hexdigest()
+        return files.sha256_file(p, follow=True)
 
     def reader(self, path: str, offset: int) -> IO[bytes]:
         f = self._p(path).open("rb")
@@ -185,15 +180,15 @@ def planned_files(profile: Profile, lock: Lock, models: str, revisions: dict[str
                 f"profile {profile.name}: OLD serves no {role} revision that can be named; nothing was copied",
                 hint="run `migrate plan` again: it reads the revisions from OLD's serving links",
             )
-        listed = lock.value(profile.name, lock_key(role, revision))
-        if not isinstance(listed, dict) or not listed:
+        listed = recorded_files(lock, profile.name, role, revision, consequence="nothing was copied")
+        if not listed:
             raise SeedError(
-                f"the site's lock has no {lock_key(role, revision)} entry for profile {profile.name}: the files of "
+                f"the site's lock has no {files_key(role, revision)} entry for profile {profile.name}: the files of "
                 f"{ref.repo}@{revision} cannot be verified on NEW; nothing was copied",
                 hint="deploy OLD once more with this lock (its gate records the entry), then `specdeploy lock merge`",
             )
         base = posixpath.join(models, ref.repo, revision)
-        origin = f"the site's lock, entry {lock_key(role, revision)} of profile {profile.name}"
+        origin = f"the site's lock, entry {files_key(role, revision)} of profile {profile.name}"
         found += [
             SeedFile(role, revision, posixpath.join(base, files.relative_name(name, origin=origin)), str(sha))
             for name, sha in sorted(listed.items())

@@ -31,12 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import atomic, layout
+from specdeploy.core import atomic, keeper, layout
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.core.housekeeping import human
 from specdeploy.core.programs import ansible_program
 from specdeploy.front.config import backup_name
-from specdeploy.gate.run import new_run_id
 from specdeploy.migrate import compare, record, seed
 from specdeploy.migrate.hosts import HostAccess, connect
 from specdeploy.profile import Profile, load_profile, site_lock
@@ -273,7 +272,7 @@ def plan(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     old_layout, new_layout = m.layout(m.old), m.layout(m.new)
     for host in (m.old, m.new):
         run(m, host, ["python3", "-c", "print('ok')"], what="a first command (reachable, Python present)")
-    verified = posixpath.join(old_layout.verified.as_posix(), "gate.json")
+    verified = old_layout.verified_gate_report.as_posix()
     report = read_json_file(m, m.old, verified, what="OLD's last verified gate report")
     if report is None or report.get("verdict") != "pass":
         raise StepError(
@@ -496,12 +495,12 @@ def prepare(
     with m.conn(m.new).sftp().open(f"{new_layout.golden.as_posix()}/{key}.json", "w") as f:
         f.write(golden_text.stdout)
     image = image_of_old(m, profile) if image_from_old else None
-    run_id = new_run_id()
+    run_id = keeper.new_run_id()
     extra = {"weights_source": "present", "images_source": source, "front_rotate": "false", "specdeploy_run_id": run_id}
     if image is not None:  # the archive is on NEW already: the role loads it, copying nothing from the controller
         extra |= {"images_source": "archive", "images_archive_src": ""}
     code = _deploy(m, m.new, profile, profile_path.parent, extra)
-    report = read_json_file(m, m.new, f"{new_layout.runs.as_posix()}/{run_id}/gate.json", what="NEW's gate report")
+    report = read_json_file(m, m.new, new_layout.gate_report(run_id).as_posix(), what="NEW's gate report")
     if code != 0:
         gate = (
             f"its gate: {report.get('verdict')}: {report.get('message')}"
@@ -525,7 +524,7 @@ def verify(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
     planned = rec.steps["plan"].details
     profile = load_profile(m.workdir / "profiles" / f"{planned['profile']}.yaml")
     new_layout = m.layout(m.new)
-    run_id = new_run_id()
+    run_id = keeper.new_run_id()
     installed = posixpath.join(layout.InstallLayout().to_json()["profiles"], f"{profile.name}.yaml")
     m.progress(f"gating {m.new.name}")
     run(
@@ -535,7 +534,7 @@ def verify(m: Migration, rec: record.MigrationRecord) -> dict[str, Any]:
         what="NEW's gate",
         ok_codes=(0, 1, 2, 3),
     )
-    report = read_json_file(m, m.new, f"{new_layout.runs.as_posix()}/{run_id}/gate.json", what="NEW's gate report")
+    report = read_json_file(m, m.new, new_layout.gate_report(run_id).as_posix(), what="NEW's gate report")
     if report is None:
         raise StepError(f"{m.new.name}: its gate wrote no report", hint="run `specdeploy gate` on NEW by hand")
     atomic.write_json(m.workdir / "new-gate.json", report)

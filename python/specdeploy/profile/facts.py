@@ -142,6 +142,8 @@ def deploy_facts(
             "drain_timeout_s": profile.migration.drain_timeout_s,
         },
         "fetch": {"user": layout.FETCH_USER, "uid": layout.FETCH_UID},
+        # the gate's report in each run's directory (<state>/runs/<run id>/<report>): the smoke_gate role names it
+        "gate": {"report": layout.GATE_REPORT},
         "unit": {
             "name": layout.UNIT_NAME,
             "file": str(layout.UNIT_FILES[profile.engine.runtime]),

@@ -5,6 +5,11 @@ stage that first fetches or builds one records it here (trust on first verified 
 every later run, mirror and migration must match it — a drift is an error, never a silent
 update. The file is JSON, written atomically, one section per profile.
 
+A revision's files entry (`<role>.files@<revision>`: relative path -> sha256) is named and checked
+here once (`files_key`, `files_entry_fault`, `recorded_files`): the weights' fetch and store and the
+migration's seed read it through `recorded_files`, and the document check below uses the same rule
+(issue 37: the fetch and the store each had a copy, the store through the fetch's private helpers).
+
 A lock that is not one (tried as a hostile environment would: a list, an object without its
 keys, bytes that are not UTF-8, a file cut short, a FIFO, a directory) is refused when it is
 opened, before any stage runs, as a `LockFileError` (exit 2) naming the file, the entry and
@@ -139,7 +144,7 @@ _PATH_HINT = "pass --lock the path of a lock file (JSON), or leave it out to use
 
 # What each kind of entry holds (the stages that record them: weights.fetch/store, images,
 # drafter.serving). A value of another shape would reach a stage as a TypeError.
-_FILES_KEY = re.compile(r"\.files@")  # {path: sha256} of one revision's files
+FILES_KEY = re.compile(r"\.files@")  # {path: sha256} of one revision's files (files_key)
 _STRING_KEYS = re.compile(
     r"^(engine\.image\.(base\.digest|digest|id)|engine\.source\.(merge_base|commit)|"
     r"(target|drafter)\.revision|drafter\.config\.canonical_sha256)$"
@@ -201,12 +206,10 @@ def check_shape(data: Any, path: Path | str) -> None:
             if "detail" in entry and not isinstance(entry["detail"], dict):
                 raise bad(f"{where}.detail", "an object", entry["detail"])
             value = entry["value"]
-            if _FILES_KEY.search(key):
-                if not isinstance(value, dict):
-                    raise bad(f"{where}.value", "an object {file: sha256}", value)
-                for file, digest in value.items():
-                    if not isinstance(digest, str):
-                        raise bad(f"{where}.value.{file}", "a sha256 string", digest)
+            if FILES_KEY.search(key):
+                fault = files_entry_fault(value)
+                if fault is not None:
+                    raise bad(f"{where}.value{fault[0]}", fault[1], fault[2])
             elif _STRING_KEYS.match(key) and not (isinstance(value, str) and value):
                 raise bad(f"{where}.value", "a non-empty string", value)
             content = entry.get("detail", {}).get("content")
@@ -237,6 +240,40 @@ def check_shape(data: Any, path: Path | str) -> None:
         for key, values in section.items():
             if not isinstance(values, list):
                 raise bad(f"superseded.{name}.{key}", "a list of superseded values", values)
+
+
+def files_key(role: str, revision: str) -> str:
+    """The lock entry holding a revision's per-file sha256 (recorded at its first verified use)."""
+    return f"{role}.files@{revision}"
+
+
+def files_entry_fault(value: Any) -> tuple[str, str, Any] | None:
+    """What is wrong with the value of a files entry (`files_key`), as (where below the value,
+    what was expected, what was found); None for an object of file name -> sha256 (strings)."""
+    if not isinstance(value, dict):
+        return "", "an object {file: sha256}", value
+    for file, digest in value.items():
+        if not isinstance(file, str) or not isinstance(digest, str):
+            return f".{file}", "a sha256 string", digest
+    return None
+
+
+def recorded_files(
+    lock: Lock, profile_name: str, role: str, revision: str, *, consequence: str
+) -> dict[str, str] | None:
+    """The lock's entry of a revision's files (relative name -> sha256), None when none is recorded;
+    an entry of another shape is refused (InputFileError, exit 2), naming it and `consequence`."""
+    key = files_key(role, revision)
+    recorded = lock.value(profile_name, key)
+    fault = None if recorded is None else files_entry_fault(recorded)
+    if fault is not None:
+        where, expected, found = fault
+        raise InputFileError(
+            f"lock {lock.path}: entry {key} of profile {profile_name}{where}: expected {expected}, "
+            f"found {_kind(found)}; {consequence}",
+            hint="restore the lock from version control (it records the hashes verified at the first fetch)",
+        )
+    return recorded
 
 
 def require(profile: Profile, path: str, lock: Lock | None) -> Any:

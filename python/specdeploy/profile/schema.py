@@ -712,7 +712,7 @@ class WeightsSpec(_Strict):
 
 class WatchSpec(_Strict):
     """The light gate a systemd timer runs on each host after the deploy (`specdeploy watch run`,
-    README "Watching after the deploy"): the profile's known answers, the served identity, and the
+    docs/gate.md "Watching after the deploy"): the profile's known answers, the served identity, and the
     acceptance the engine's counters show since the previous light gate. It reports and calls the
     host's hook; it never restarts or rolls back anything.
 
@@ -781,8 +781,8 @@ class BenchSpec(_Strict):
 # routes the API key guards, and health. `/version` is not served by default (it is neither /v1
 # nor health; the smoke's identity stage reads it on the host's loopback, not through the
 # front); a site may add it. Everything else (vLLM's /metrics, /tokenize, /detokenize,
-# /invocations, ...) answers without the key and must never be reachable from outside (README
-# "The engine listens on loopback only"). docs/front.md.
+# /invocations, ...) answers without the key and must never be reachable from outside
+# (docs/host-layout.md "The engine listens on loopback only"). docs/front.md.
 DEFAULT_FRONT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health")
 FRONT_EXTRA_PATHS = ("/health", "/version")  # the only allowed paths outside /v1/
 _FRONT_PATH_RE = re.compile(r"^/[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$")

@@ -45,18 +45,17 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specdeploy.core.errors import LockDivergenceError, LockFileError, LockMismatchError, PinsChangedError
-from specdeploy.profile.lock import Lock
+from specdeploy.profile.lock import FILES_KEY, Lock
 from specdeploy.profile.schema import Pin, Profile
 
 # The pins a lock entry depends on (prefixes of pin_snapshot's names: "engine." is every
 # engine pin there). A change of any of them makes the entry stale. One table: `lock update`
-# reads it, the README prints it.
+# reads it, docs/ansible.md prints it.
 STALE_WHEN: dict[str, tuple[str, ...]] = {
     "engine.image.id": ("engine.",),
     "engine.image.digest": ("engine.",),
@@ -72,7 +71,6 @@ STALE_WHEN: dict[str, tuple[str, ...]] = {
     "drafter.revision": ("drafter.repo", "drafter.revision"),
     "drafter.config.canonical_sha256": ("drafter.",),
 }
-PER_REVISION = re.compile(r"\.files@")  # {file: sha256} of one revision: never stale
 
 
 def _pin(pin: Pin | None) -> Any:
@@ -117,7 +115,7 @@ def pin_snapshot(profile: Profile) -> dict[str, Any]:
 
 def stale_because(key: str, changed: list[str]) -> list[str]:
     """The changed pins that make lock entry `key` stale (empty: it stays)."""
-    if PER_REVISION.search(key):
+    if FILES_KEY.search(key):  # {file: sha256} of one revision (lock.files_key): never stale
         return []
     deps = STALE_WHEN.get(key)
     if deps is None:  # a key no rule names: stale on any change, never silently kept

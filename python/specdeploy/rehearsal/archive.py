@@ -20,6 +20,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from specdeploy.core import hashcache
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import fixtures, variants
 from specdeploy.weights import store
@@ -62,7 +63,7 @@ def export(dest: Path) -> dict[str, Path]:
         try:
             shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(*CACHE_FILES), dirs_exist_ok=True)
             final = dest / repo / store.content_revision(tmp)
-            shutil.rmtree(tmp / store.STATE_DIR, ignore_errors=True)  # the hash cache is not part of it
+            shutil.rmtree(tmp / hashcache.STATE_DIR, ignore_errors=True)  # the hash cache is not part of it
             _replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -72,7 +73,7 @@ def export(dest: Path) -> dict[str, Path]:
         exported[repo] = final
     store.write_manifest(dest)
     for rev_dir in exported.values():  # write_manifest's hash cache stays out of the archive
-        shutil.rmtree(rev_dir / store.STATE_DIR, ignore_errors=True)
+        shutil.rmtree(rev_dir / hashcache.STATE_DIR, ignore_errors=True)
     return exported
 
 

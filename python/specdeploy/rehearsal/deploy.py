@@ -34,11 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import envlock, housekeeping, layout
+from specdeploy.core import envlock, housekeeping, keeper, layout
 from specdeploy.core.cache import cache_dir, exclusive
 from specdeploy.core.errors import ProgramError, SpecdeployError
 from specdeploy.core.programs import ansible_program
-from specdeploy.gate.run import REPORT, new_run_id
 from specdeploy.profile import Profile, load_profile
 from specdeploy.rehearsal import hosts, variants
 from specdeploy.weights.fetch import models_of
@@ -145,7 +144,8 @@ def host() -> hosts.Host:
     )
 
 
-# The site's vault variables (README "Secrets") and the play variables they are mapped to
+# The site's vault variables (docs/ansible.md "Vault setup (the hub token and the API key)") and the play
+# variables they are mapped to
 VAULT_VARIABLES = {"weights_hf_token": "vault_weights_hf_token", "engine_api_key": "vault_engine_api_key"}
 VAULT_GROUP = "rehearsal"
 
@@ -370,7 +370,7 @@ def changed_tasks(output: str) -> list[str]:
 
 def gate_report(target: hosts.Host, run_id: str, state: Path | None = None) -> dict[str, Any] | None:
     """Run `run_id`'s gate report, read from the host; None when the play never reached the gate."""
-    path = layout.HostLayout.of(state=state).runs / run_id / REPORT
+    path = layout.HostLayout.of(state=state).gate_report(run_id)
     done = target.ssh(f"cat {path}", check=False)
     return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
 
@@ -484,7 +484,7 @@ def main_job(*, remove_host: bool = False, patch: dict[str, Any] | None = None) 
         deployed = load_profile(profiles / f"{PROFILE}.yaml")
         _follow_fixture_pins(state / SITE_LOCK, deployed)
         build_once(deployed, wheels=wheels, site=site, site_lock=state / SITE_LOCK)
-        run_id = new_run_id()
+        run_id = keeper.new_run_id()
         argv = playbook_argv(
             target,
             state / "inventory.ini",

@@ -39,6 +39,7 @@ import httpx
 from specdeploy.core import envlock
 from specdeploy.core.cache import cache_dir, exclusive
 from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.files import sha256_file
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import archive, gating, hosts, real_model, site_ca, variants
 from specdeploy.weights.fetch import models_of
@@ -287,7 +288,7 @@ def olah_wheels() -> Path:
     """olah and its dependencies as wheels for the image's Python (cp311, bookworm's glibc),
     exactly locks/hub-olah.txt's (hashes checked), downloaded once into the cache with that lock
     beside them as requirements.lock: the hub's image is built without network."""
-    lock_key = envlock.sha256(OLAH_LOCK)[:12]
+    lock_key = sha256_file(OLAH_LOCK, follow=True)[:12]
     wheels = cache_dir() / f"olah-{OLAH_VERSION}-wheels-cp311-{WHEEL_PLATFORMS[0]}-{lock_key}"
     with exclusive(wheels.name):  # another run on this machine may be downloading them now
         _download_olah_wheels(wheels)
@@ -321,9 +322,8 @@ def hub_image() -> str:
     base = hosts.debootstrap_image("bookworm", BASE_PACKAGES, BASE_NAME)
     wheels = olah_wheels()
     names = sorted(p.name for p in wheels.glob("*.whl"))
-    key = hashlib.sha256(json.dumps([base, names, envlock.sha256(wheels / "requirements.lock")]).encode()).hexdigest()[
-        :10
-    ]
+    locked = sha256_file(wheels / "requirements.lock", follow=True)
+    key = hashlib.sha256(json.dumps([base, names, locked]).encode()).hexdigest()[:10]
     image = f"{IMAGE}:{key}"
     if hosts.image_exists(image):
         return image

@@ -1,5 +1,5 @@
-"""The migration rehearsal: `specdeploy migrate` run end to end on disposable test hosts (README
-"Move to a new host"; tests/integration/test_migration.py runs the same functions).
+"""The migration rehearsal: `specdeploy migrate` run end to end on disposable test hosts
+(docs/rehearsal.md "Rehearsing a host move"; tests/integration/test_migration.py runs the same functions).
 
 Three hosts on the hub's test network, besides the hub and the site registry:
 
@@ -361,7 +361,7 @@ def moved(rows: list[dict[str, Any]]) -> bool:
 
 
 def main_job_move(*, requests: int | None = None, finish: bool = False) -> list[dict[str, Any]]:
-    """README "Move to a new host": the main job's deployment (OLD, deployed by the main job first)
+    """docs/rehearsal.md "Rehearsing a host move": the main job's deployment (OLD, deployed by the main job first)
     moved to a new host through the front, as a site would: NEW and FRONT booted (or reused), the
     front deployed and OLD re-deployed behind it (publishing on its internal address), then
     `specdeploy migrate plan`, `prepare`, `verify` and `cutover` — the last under a bounded streaming

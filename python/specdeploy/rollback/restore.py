@@ -12,8 +12,8 @@ Failures prevented (issue 20, D2/D7): an unknown state directory or run id was a
 "replaced nothing" (exit 0); a truncated run record ended in a traceback; a copy-back that
 failed (a full disk, a kept copy gone) had already moved the failed run's version aside, so the
 path was left absent. Now the state directory, the run id and the record are checked before
-anything is touched (`check_state_dir`, `check_run_id`, `read_record` — through the record's one
-reader, core.keeper.load_run — and `require_known`); each kept copy is copied beside its path
+anything is touched (`check_state_dir`, `check_run_id` of core.keeper, `read_record` — through
+the record's one reader, core.keeper.load_run — and `require_known`); each kept copy is copied beside its path
 first and swapped in only when complete, and a restore that stops part-way raises
 `RestoreIncomplete` naming what was put back and what was not (never "restored"). The command's
 outcome goes to the run's own directory, `<state>/runs/<run-id>/` (`OUTCOME`), on every exit path.
@@ -88,16 +88,6 @@ def systemctl(args: list[str]) -> None:
 # --------------------------------------------------------------------------- the inputs
 
 STATE_HINT = "pass the host's state directory as --state-dir (`specdeploy facts` shows it as paths.state)"
-
-
-def check_run_id(run_id: str) -> None:
-    """A run id names a directory under <state>/runs: a plain name, or a usage error (exit 2)."""
-    if not run_id or "/" in run_id or "\0" in run_id or run_id.startswith(".") or len(run_id) > 200:
-        raise UsageError(
-            f"--run-id {run_id!r} is not a plain name: it names the run's directory under <state>/runs",
-            hint="use letters, digits, '-', '_' or '.' (not first), as the deploy's own run ids "
-            "(e.g. 20250101T120000000000Z)",
-        )
 
 
 def check_state_dir(host: layout.HostLayout) -> None:

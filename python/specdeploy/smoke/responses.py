@@ -31,7 +31,7 @@ NOT_AN_ENGINE = (
 
 
 class EngineError(SpecdeployError):
-    """The smoke could not test the endpoint: exit 2 ("could not test", README "Exit codes")."""
+    """The smoke could not test the endpoint: exit 2 ("could not test", docs/commands.md "Exit codes")."""
 
     exit_code = 2
 

@@ -1,6 +1,6 @@
 """The light gate's result as a Prometheus textfile, for node_exporter's textfile collector.
 
-vLLM's /metrics stays on the host's loopback (its API key guards only the /v1 routes; README
+vLLM's /metrics stays on the host's loopback (its API key guards only the /v1 routes; docs/host-layout.md
 "The engine listens on loopback only"), so a site's Prometheus cannot scrape the engine. Instead each
 light gate writes what the site needs into one `*.prom` file that node_exporter — already
 scraped — serves with its own metrics: the light gate's verdict and time, the acceptance it
@@ -102,7 +102,7 @@ class _Result:
         yield family
         yield from _gauge(
             "specdeploy_watch_exit_code",
-            "the last light gate's exit code (README 'Exit codes')",
+            "the last light gate's exit code (docs/commands.md 'Exit codes')",
             r.get("exit_code"),
             base,
         )

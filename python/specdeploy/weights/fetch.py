@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import os
 import re
 import ssl
@@ -29,12 +28,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from specdeploy.core import atomic, files, privilege
-from specdeploy.core.errors import InputFileError, SpecdeployError, UnresolvedPinError, UsageError
-from specdeploy.core.hashcache import STATE_DIR, STATE_FILE
-from specdeploy.core.hashcache import load as _load_state
+from specdeploy.core import atomic, files, hashcache, privilege
+from specdeploy.core.errors import SpecdeployError, UnresolvedPinError, UsageError
 from specdeploy.profile import ModelRef, Profile
-from specdeploy.profile.lock import Lock, require
+from specdeploy.profile.lock import Lock, files_key, recorded_files, require
 
 # The hub client's packages, imported in full before the fetch becomes its own account: they load
 # parts lazily, and an install that account cannot read (a venv under /root) would fail half-way.
@@ -48,29 +45,6 @@ def models_of(profile: Profile) -> list[tuple[str, ModelRef]]:
     if profile.drafter is not None:
         refs.append(("drafter", profile.drafter))
     return refs
-
-
-def lock_key(role: str, revision: str) -> str:
-    """The lock entry holding a revision's per-file sha256 (recorded at its first verified use)."""
-    return f"{role}.files@{revision}"
-
-
-def recorded_files(
-    lock: Lock, profile_name: str, role: str, revision: str, *, consequence: str
-) -> dict[str, str] | None:
-    """The lock's entry of a revision's files (relative name -> sha256), None when none is recorded;
-    an entry of another shape is refused (exit 2), naming it and `consequence`."""
-    key = lock_key(role, revision)
-    recorded = lock.value(profile_name, key)
-    if recorded is not None and not (
-        isinstance(recorded, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in recorded.items())
-    ):
-        raise InputFileError(
-            f"lock {lock.path}: entry {key} of profile {profile_name}: expected an object of file -> sha256, "
-            f"found {type(recorded).__name__}; {consequence}",
-            hint="restore the lock from version control (it records the hashes verified at the first fetch)",
-        )
-    return recorded
 
 
 class FetchError(SpecdeployError):
@@ -160,15 +134,6 @@ def read_token(token_file: Path | None, *, from_stdin: bool = False) -> str | No
 # --------------------------------------------------------------------------- hashing
 
 
-def sha256_file(path: Path) -> str:
-    """The sha256 of a regular file, streamed; a symbolic link at `path` is refused, not followed."""
-    digest = hashlib.sha256()
-    with files.open_no_follow(path) as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def git_blob_id(path: Path) -> str:
     """git's blob id of a regular file (sha1 of "blob <size>\\0" + content), streamed: a file the hub
     lists as small may be large on disk."""
@@ -177,23 +142,6 @@ def git_blob_id(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _save_state(directory: Path, state: dict[str, Any]) -> None:
-    """Write the hash cache when it changed (an unchanged re-run leaves the directory as it was)."""
-    path = directory / STATE_DIR / STATE_FILE
-    if _load_state(directory) == state and path.is_file():
-        return
-    for place, wanted in ((directory / STATE_DIR, "a directory"), (path, "a file")):
-        if place.exists() and place.is_dir() != (wanted == "a directory"):
-            found = "a directory" if place.is_dir() else "a file" if place.is_file() else "something else"
-            raise FetchError(
-                f"{place}: expected {wanted} (specdeploy's hash cache of {directory}), found {found}; "
-                "the verified hashes cannot be kept",
-                hint=f"remove {place} (the cache is rebuilt by hashing the files again), then run this again",
-            )
-    atomic.ensure_dir(directory / STATE_DIR)
-    atomic.write_bytes(directory / STATE_DIR / STATE_FILE, json.dumps(state, indent=1, sort_keys=True).encode())
 
 
 def _remove_corrupt(directory: Path, relative: str) -> None:
@@ -207,7 +155,7 @@ def _remove_corrupt(directory: Path, relative: str) -> None:
         path.unlink(missing_ok=True)
 
 
-BOOKKEEPING = (STATE_DIR, ".cache")  # specdeploy's hash cache and huggingface_hub's download records
+BOOKKEEPING = (hashcache.STATE_DIR, ".cache")  # specdeploy's hash cache and huggingface_hub's download records
 
 
 def checked_tree(entries: list[Any], repo: str, revision: str) -> list[Any]:
@@ -612,7 +560,7 @@ def fetch_repo(
     # it may be a link: the hashing, the removal of a corrupt file and the lock would follow it
     directory = files.inside(dest, f"{ref.repo}/{revision}", origin=f"profile {profile.name}: {role}")
     files.no_links_below(directory, origin=f"the revision directory of {ref.repo}@{revision}")
-    key = lock_key(role, revision)
+    key = files_key(role, revision)
     recorded = recorded_files(lock, profile.name, role, revision, consequence="the files cannot be compared with it")
 
     def download() -> dict[str, Any]:
@@ -679,7 +627,7 @@ def _download_and_verify(
     except Exception as exc:  # whatever the hub client raised: named, never a traceback
         raise _download_failure(exc, repo, revision, directory, token=token, timeout=timeout) from None
 
-    state = _load_state(directory)
+    state = hashcache.load(directory)
     hashes: dict[str, str] = {}
     problems: list[str] = []
     for entry in tree:
@@ -702,7 +650,7 @@ def _download_and_verify(
             hashes[entry.path] = cached["sha256"]
             result.skipped_unchanged += 1
             continue
-        local_sha256 = sha256_file(path)
+        local_sha256 = files.sha256_file(path)
         if entry.lfs is not None:
             expected, found = entry.lfs.sha256, local_sha256
         else:
@@ -722,7 +670,7 @@ def _download_and_verify(
             "revision": revision,
         }
         result.verified += 1
-    _save_state(directory, state)
+    hashcache.save(directory, state)
     if problems:
         raise FetchError(
             f"{repo}@{revision}: {len(problems)} file(s) do not match the hub's hashes and were removed:\n  "

@@ -37,24 +37,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import atomic, files, layout
+from specdeploy.core import atomic, files, hashcache, layout
 from specdeploy.core.errors import InputFileError, SpecdeployError, UnresolvedPinError, UsageError, WriteError
 from specdeploy.core.keeper import Keeper
 from specdeploy.profile import ModelRef, Profile
-from specdeploy.profile.lock import Lock
-from specdeploy.weights.fetch import (
-    STATE_DIR,
-    _load_state,
-    _save_state,
-    lock_key,
-    models_of,
-    recorded_files,
-    sha256_file,
-)
+from specdeploy.profile.lock import Lock, files_key, recorded_files
+from specdeploy.weights.fetch import models_of
 
 # At the root of a weights archive: {"models": {"<org>/<name>": {"revision": ..., "files": {path: sha256}}}}
 MANIFEST = "specdeploy-archive.json"
-IGNORED_DIRS = {STATE_DIR, ".cache"}  # specdeploy's and huggingface_hub's bookkeeping
+IGNORED_DIRS = {hashcache.STATE_DIR, ".cache"}  # specdeploy's and huggingface_hub's bookkeeping
 CONTENT_REVISION_PREFIX = "sha256-"
 DIR_MODE, FILE_MODE = 0o750, 0o640  # the engine's group reads, others nothing (restrict_to_engine)
 MAX_GID = 2**32 - 2  # 2**32 - 1 is (gid_t)-1: "leave the group as it is"
@@ -186,7 +178,7 @@ def hashes(directory: Path, *, check: bool = False) -> dict[str, str]:
     """sha256 of every file, reusing the fetch's record when size and mtime are unchanged
     (the record is updated unless `check`: `ansible-playbook --check` writes nothing)."""
     directory = Path(directory)
-    state = _load_state(directory)
+    state = hashcache.load(directory)
     result: dict[str, str] = {}
     for relative in files_of(directory):
         st = (directory / relative).stat()
@@ -194,11 +186,11 @@ def hashes(directory: Path, *, check: bool = False) -> dict[str, str]:
         if cached and cached["size"] == st.st_size and cached["mtime_ns"] == st.st_mtime_ns:
             result[relative] = cached["sha256"]
             continue
-        result[relative] = sha256_file(directory / relative)
+        result[relative] = files.sha256_file(directory / relative)
         state[relative] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": result[relative]}
         state[relative]["revision"] = directory.name
     if not check:
-        _save_state(directory, state)
+        hashcache.save(directory, state)
     return result
 
 
@@ -260,7 +252,7 @@ def verify(
             + "\n  ".join(problems),
             hint="the archive was corrupted in transit or on disk: copy it again; nothing was served from it",
         )
-    recorded = lock.value(profile.name, lock_key(role, rev))
+    recorded = recorded_files(lock, profile.name, role, rev, consequence="nothing was served")
     if recorded is not None:
         problems = _compare(recorded, found)
         if problems:
@@ -272,7 +264,7 @@ def verify(
     new = (
         recorded is None
         and not check
-        and lock.record(profile.name, lock_key(role, rev), found, by="weights serve", detail={"revision": rev})
+        and lock.record(profile.name, files_key(role, rev), found, by="weights serve", detail={"revision": rev})
     )
     return Verified(role, ref.repo, rev, str(directory), len(found), bool(new))
 
@@ -387,7 +379,7 @@ def prune(host: layout.HostLayout, keep: int, *, check: bool = False) -> list[st
     kept.update(revision_dir(host, repo, e["revision"]).resolve() for repo, e in read_manifest(host.models).items())
     removed = []
     failed: list[str] = []
-    candidates = [p.parent for p in host.models.glob(f"*/*/*/{STATE_DIR}")] if host.models.is_dir() else []
+    candidates = [p.parent for p in host.models.glob(f"*/*/*/{hashcache.STATE_DIR}")] if host.models.is_dir() else []
     builds = host.serving / layout.DRAFTER_BUILDS
     if builds.is_dir():
         candidates += [p for p in builds.iterdir() if p.is_dir() and not p.name.startswith(".")]
@@ -422,7 +414,8 @@ def _gate_reports(host: layout.HostLayout) -> list[Path]:
     """Every run's gate report (a run without one never passed: it is not a report to read)."""
     if not host.runs.is_dir():
         return []
-    return sorted(run / "gate.json" for run in host.runs.iterdir() if os.path.lexists(run / "gate.json"))
+    reports = (host.gate_report(run.name) for run in host.runs.iterdir())
+    return sorted(report for report in reports if os.path.lexists(report))
 
 
 def _passing_run(report: Path) -> tuple[str, list[str]]:
