@@ -376,7 +376,8 @@ def test_tune_sweep_changes_k_only_through_gated_deploys_and_a_k_that_fails_its_
     real fault: the engine carries the test-only vLLM plugin (tests/support/vllm_faults) switched to
     `lossy_verifier_at_k1`, so at k=1 its verifier accepts every draft; the gate fails it, the play
     rolls back to the k=3 stack, which serves. Then k=2 passes and is measured on the host; k=1 is
-    not asked again, and with k=2 and 3 measured the search stops. (The site's base profile here is
+    not asked again, and with k=2 and 3 measured the search stops. The pick (never the failed k=1)
+    ends deployed: k=2 serves already; k=3 is one more gated deploy. (The site's base profile here is
     cpu-rehearsal with the plugin on the engine's path: a test-only variant, found first through
     $SPECDEPLOY_PROFILES.)"""
     subprocess.run(["podman", "cp", str(ROOT / "tests" / "support" / "vllm_faults"),
@@ -411,24 +412,31 @@ def test_tune_sweep_changes_k_only_through_gated_deploys_and_a_k_that_fails_its_
     )  # fmt: skip
     assert result.exit_code == 1, result.output  # a k failed its gate
     data = json.loads(result.stdout)
-    one, two = data["steps"]
+    one, two, *rest = data["steps"]
     assert one["k"] == 1 and one["deployed"] is False and one["gate"]["verdict"] == "fail", one
     assert one["gate"]["previous_stack_serves"] is True and "second point for the step line" in one["reason"], one
     assert two["k"] == 2 and two["deployed"] is True and two["gate"]["verdict"] == "pass", two
-    # the host serves the last k that passed, from the resolved override (its golden is that identity's)
-    assert _served_k(host) == 2
-    served = layout.unit_profile_file(host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout)
-    copy = host.ssh(f"cat {served}").stdout  # the profile copy the unit names
-    assert "num_speculative_tokens: 2" in copy and "site_override:" in copy
-    assert "num_speculative_tokens: 2" in (overrides / "cpu-rehearsal.yaml").read_text()
     gate = json.loads(host.ssh(f"cat {DEFAULT.state}/runs/{two['run_id']}/gate.json").stdout)
     assert gate["verdict"] == "pass" and gate["golden"]["key"] != golden_before  # the golden follows k
+    (rec,) = data["recommendations"]  # fitted to the two measured k (the line through k=2 and k=3)
+    bases = {p["k"]: p["basis"] for p in rec["predictions"]}
+    assert bases[2] == bases[3] == "measured" and bases[1] == "failed its gate: not a candidate", bases
+    assert rec["recommended_k"] != 1
+    # the host ends on the pick when it is a measured k (one more gated deploy if it is not k=2), from the
+    # resolved override: the file in the folder and the profile copy its unit names
+    served_k = rec["recommended_k"] if rec["recommended_k"] in (2, 3) else 2
+    assert [s["k"] for s in rest] == ([] if served_k == 2 else [3]), rest
+    assert all(s["deployed"] and s["reason"] == "the pick at concurrency 1" and not s["runs"] for s in rest), rest
+    assert _served_k(host) == served_k
+    served = layout.unit_profile_file(host.ssh(f"cat {layout.UNIT_FILES['venv']}").stdout)
+    copy = host.ssh(f"cat {served}").stdout  # the profile copy the unit names
+    assert f"num_speculative_tokens: {served_k}" in copy and "site_override:" in copy
+    assert f"num_speculative_tokens: {served_k}" in (overrides / "cpu-rehearsal.yaml").read_text()
     report = json.loads((tmp_path / "sweep" / "report.json").read_text())
     assert [(r["label"], r["k"]) for r in report["runs"]] == [("deployed", 3), ("k=2 #1", 2)]
     assert all(len(lv["per_position"]) == r["k"] and lv["failed"] == 0 for r in report["runs"] for lv in r["levels"])
-    (rec,) = data["recommendations"]  # fitted to the two measured k (the line through k=2 and k=3)
-    bases = {p["k"]: p["basis"] for p in rec["predictions"]}
-    assert bases[2] == bases[3] == "measured" and bases[1].startswith("extrapolated"), bases
+    record = json.loads((tmp_path / "sweep" / "sweep.json").read_text())  # the sweep's own record
+    assert [s["k"] for s in record["steps"]] == [s["k"] for s in data["steps"]] and record["recommendations"]
 
 
 def test_switching_the_host_to_another_engine_release_is_a_deploy(

@@ -9,12 +9,13 @@ holds the field's reported DFlash figures (15 and 5 draft tokens on 2x RTX A6000
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from specdeploy.bench import compare, plots, run, tune
+from specdeploy.bench import compare, plots, run, sweep, tune
 from specdeploy.bench import report as reports
 from specdeploy.bench import workload as workloads
 from specdeploy.bench.report import Level, Run
@@ -350,6 +351,111 @@ def test_a_gate_report_without_a_throughput_figure_is_refused_naming_the_field(c
     result = cli("tune", "--from-report", tmp_path / "gate.json")
     assert result.exit_code == 2, result.output
     assert "smoke.stages[throughput].details.decode_tokens_per_s" in result.output and "Traceback" not in result.output
+
+
+def _timed_run(k: int, step_ms: float, curve: list[float]) -> Run:
+    """A run at concurrency 1 whose step takes `step_ms` with the acceptance `curve` gives."""
+    length = 1 + sum(curve[:k])
+    return _run(f"k{k}", k, [_level(1, 1000 * length / step_ms, length if k else None, curve[:k] if k else None)])
+
+
+def test_a_k_that_failed_its_gate_is_shown_but_never_picked() -> None:
+    curve = [0.9, 0.1, 0.05]
+    runs = [_timed_run(0, 50, curve), _timed_run(1, 55, curve), _timed_run(3, 65, curve)]
+    report = reports.make(_workload(concurrency=(1,)), runs)
+    (free,) = tune.recommend(report)
+    (rec,) = tune.recommend(report, failed=frozenset({free.k}))
+    assert free.k == 1 and rec.k != 1 and rec.prediction(1).basis == "failed its gate: not a candidate"
+    assert tune.next_k(report, 3, {0, 1, 3}, frozenset({1}))[0] == 2  # the new pick's neighbour, not the failed k
+
+
+def test_a_negative_fitted_slope_is_taken_as_flat_through_the_runs_mean() -> None:
+    curve = [0.5, 0.4, 0.3, 0.2]
+    runs = [_timed_run(2, 80, curve), _timed_run(4, 70, curve)]
+    (rec,) = tune.recommend(reports.make(_workload(concurrency=(1,)), runs))
+    assert rec.prediction(3).step_ms == pytest.approx(75.0) and "taken as 0" in rec.fit
+
+
+def test_the_reason_for_one_draft_more_than_none_counts_a_speculative_step_s_fixed_cost() -> None:
+    """From no speculation to one draft the step grows by the fixed cost of speculating (30 ms here),
+    not the per-draft slope (10 ms): the reason says 30."""
+    curve = [0.3, 0.2]
+    runs = [_timed_run(0, 45, curve), _timed_run(1, 75, curve), _timed_run(2, 85, curve)]
+    (rec,) = tune.recommend(reports.make(_workload(concurrency=(1,)), runs))
+    assert rec.k == 0 and any("k=1 would add 0.30 tokens per step (+30%) for 30.00 ms more" in r for r in rec.reasons)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("mean_acceptance_length", float("nan"), "expected a finite number >= 1"),
+        ("mean_acceptance_length", 0.5, "expected a finite number >= 1"),
+        ("per_position", [0.5, 1.5], "position 2: expected a share of drafts in [0, 1], found 1.5"),
+    ],
+)
+def test_a_report_with_an_impossible_acceptance_figure_is_refused_naming_it(
+    tmp_path: Path, field: str, value: Any, message: str
+) -> None:
+    data = reports.make(_workload(), [_run("a", 3, [_level(1, 80.0, 2.0, [0.5, 0.3, 0.2])])]).to_json()
+    data["runs"][0]["levels"][0][field] = value
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    with pytest.raises(InputFileError, match=rf"field runs\.0\.levels\.0\.{field}: .*{re.escape(message)}"):
+        reports.load(tmp_path / "r.json")
+
+
+def test_a_gate_report_without_its_profile_name_is_refused_naming_that_field(tmp_path: Path) -> None:
+    data = json.loads(GATE.read_text())
+    data["profile"] = None
+    (tmp_path / "gate.json").write_text(json.dumps(data))
+    with pytest.raises(InputFileError, match="field profile: expected the profile's name, found None"):
+        reports.load_any(tmp_path / "gate.json")
+
+
+class _PickOnly(sweep.Sweep):
+    """A Sweep without a host: `deploy` records the k it was asked for (the decision under test is
+    `_deploy_pick`'s; the deploys themselves run in tests/integration/test_deploy_rehearsal.py)."""
+
+    def __init__(self, overrides: Path) -> None:
+        self.plan = sweep.Plan(profile=load_profile("cpu-rehearsal"), ks=None, inventory=overrides, host="h",
+                               playbook=overrides, overrides=overrides, workdir=overrides)  # fmt: skip
+        self.said: list[str] = []
+        self.say = self.said.append
+        self.deployed: list[int] = []
+
+    def deploy(self, k: int) -> sweep.Step:
+        self.deployed.append(k)
+        return sweep.Step(k, f"run-{k}", deployed=True)
+
+
+@pytest.mark.parametrize(
+    ("pick_runs", "serving", "deployed", "said"),
+    [
+        ((0, 2, 3), 2, [3], None),  # the measured pick is deployed
+        ((0, 2, 3), 3, [], None),  # already served: nothing
+        ((2, 3), 2, [], "was not measured"),  # an extrapolated pick is not deployed
+    ],
+)
+def test_the_sweep_ends_on_its_pick_only_when_it_is_a_measured_k_the_host_does_not_serve(
+    tmp_path: Path, pick_runs: tuple[int, ...], serving: int, deployed: list[int], said: str | None
+) -> None:
+    curve = [0.9, 0.8, 0.7]
+    steps = {0: 50.0, 1: 52.0, 2: 54.0, 3: 56.0}  # cheap drafts, high acceptance: k=3 is best
+    runs = [_timed_run(k, steps[k], curve) for k in pick_runs]
+    report = reports.make(_workload(concurrency=(1,)), runs)
+    picks = tune.recommend(report, max_k=4 if pick_runs == (2, 3) else 3)
+    host = _PickOnly(tmp_path)
+    host._deploy_pick(picks, [sweep.Step(serving, "r", deployed=True)], {}, curve, deployed_k=3)
+    assert host.deployed == deployed, (picks[0].k, host.said)
+    assert said is None or any(said in line for line in host.said), host.said
+
+
+def test_a_sweep_pick_of_no_speculation_is_said_and_not_deployed(tmp_path: Path) -> None:
+    curve = [0.1, 0.05]
+    runs = [_timed_run(0, 45, curve), _timed_run(1, 75, curve), _timed_run(2, 85, curve)]
+    picks = tune.recommend(reports.make(_workload(concurrency=(1,)), runs))
+    host = _PickOnly(tmp_path)
+    host._deploy_pick(picks, [], {}, curve, deployed_k=2)
+    assert picks[0].k == 0 and host.deployed == [] and any("no speculation (k=0): not deployed" in s for s in host.said)
 
 
 def test_the_tune_command_prints_its_table_reasons_and_pick(cli: Any) -> None:

@@ -57,6 +57,21 @@ class Level(_Model):
         "duration_s", "output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "drafts"
     )(_finite)
 
+    @field_validator("mean_acceptance_length")
+    @classmethod
+    def _length(cls, value: float | None) -> float | None:
+        if value is not None and (not math.isfinite(value) or value < 1):
+            raise ValueError(f"expected a finite number >= 1 (tokens per step), found {value}")
+        return value
+
+    @field_validator("per_position")
+    @classmethod
+    def _positions(cls, value: list[float] | None) -> list[float] | None:
+        for i, share in enumerate(value or []):
+            if not math.isfinite(share) or not 0 <= share <= 1:
+                raise ValueError(f"position {i + 1}: expected a share of drafts in [0, 1], found {share}")
+        return value
+
     @property
     def step_ms(self) -> float | None:
         """Milliseconds one request spends per engine step: it emits `mean_acceptance_length` tokens
@@ -152,13 +167,19 @@ def from_gate(data: dict[str, Any], path: Path) -> Report:
     only reports of one profile's gate compare. Every value is checked: a report is input."""
     smoke = data.get("smoke") if isinstance(data.get("smoke"), dict) else data
     stages = smoke.get("stages")
-    profile = data.get("profile") if isinstance(data.get("profile"), str) else None
+    profile = data.get("profile") if isinstance(data.get("profile"), str) and data.get("profile") else None
+    if profile is None:
+        raise InputFileError(
+            f"gate report {path}: field profile: expected the profile's name, found {data.get('profile')!r}: the "
+            "stack it measured is unknown",
+            hint="give a gate report `specdeploy gate` wrote (gate.json), unedited",
+        )
     throughput = _stage(stages, "throughput")
     rate = _number(throughput.get("decode_tokens_per_s"))
-    if profile is None or rate is None or not math.isfinite(rate) or rate <= 0:
+    if rate is None or not math.isfinite(rate) or rate <= 0:
         raise InputFileError(
             f"gate report {path}: field smoke.stages[throughput].details.decode_tokens_per_s: expected a positive "
-            f"figure (and a profile name), found {throughput.get('decode_tokens_per_s')!r}: no throughput to tune from",
+            f"figure, found {throughput.get('decode_tokens_per_s')!r}: no throughput to tune from",
             hint="give a gate report whose throughput stage ran (`specdeploy gate` on a serving stack), or a bench "
             "report",
         )

@@ -79,6 +79,8 @@ class Plan:
     bench_args: list[str] = field(default_factory=list)  # host paths for `bench run`, e.g. --models-dir
     workload: Path | None = None
     max_k: int | None = None  # the largest k considered (default: the deployed profile's)
+    deploy_pick: bool = True  # end on the recommended k (a gated deploy) when it is not what the host serves
+    concurrency: int | None = None  # the level whose pick is deployed (default: the highest measured)
     baseline: Report | None = None  # runs measured before (`--from-report`: e.g. the stack without speculation)
 
 
@@ -197,16 +199,19 @@ class Sweep:
                 hint="bench the baseline with the sweep's --workload, or sweep with the report's",
             )
         curve = _curve(before)
-        max_k = plan.max_k or plan.profile.engine.speculative.num_speculative_tokens
+        # the largest k considered: --max-k, else the deployed profile's or the largest asked for
+        max_k = plan.max_k or max([plan.profile.engine.speculative.num_speculative_tokens, *(plan.ks or [])])
         for k in plan.ks if plan.ks is not None else range(1, max_k + 1):
             tune.overrides_for(plan.profile, k, curve)  # every k checked before the first deploy: none refused halfway
         steps: list[Step] = []
         start = reports.make(before.workload, [*(plan.baseline.runs if plan.baseline else []), *before.runs])
         measured = start
 
+        notes: dict[int, str] = {}  # each k's override note: the folder is left as that k's deploy wrote it
+
         def deploy_and_measure(k: int, why: str) -> list[Run] | None:
-            note = f"specdeploy tune --sweep: k={k} ({why}; run by {os.environ.get('USER', '?')})"
-            tune.write_override(plan.overrides, plan.profile, k, curve, note)
+            notes[k] = f"specdeploy tune --sweep: k={k} ({why}; run by {os.environ.get('USER', '?')})"
+            tune.write_override(plan.overrides, plan.profile, k, curve, notes[k])
             step = self.deploy(k)
             step.reason = why
             steps.append(step)
@@ -215,29 +220,68 @@ class Sweep:
             for i in range(plan.repeats):
                 got = self.bench(f"k={k} #{i + 1}")
                 if got.workload_key != before.workload_key:
-                    raise BenchError(f"bench k={k} on {self.access.name} measured another workload")
+                    raise BenchError(
+                        f"bench k={k} on {self.access.name} measured another workload than the sweep's first bench: "
+                        + "; ".join(compare.differences(before, got) or ["the prompt sets differ"]),
+                        hint="the host's bench must read the same workload: pass --workload",
+                    )
                 step.runs += got.runs
             return step.runs
 
+        failed: list[int] = []
+        picks: list[tune.Recommendation] = []
         try:
-            measured, _ = tune.search(start, max_k, deploy_and_measure, plan.ks, self.say)
+            measured, failed = tune.search(start, max_k, deploy_and_measure, plan.ks, self.say)
+            try:
+                picks = tune.recommend(measured, max_k=max_k, failed=frozenset(failed))
+            except tune.TuneError as exc:
+                self.say(f"sweep: no recommendation: {exc.message}")
+            if plan.deploy_pick and picks:
+                self._deploy_pick(picks, steps, notes, curve, deployed_k=before.runs[0].k)
         finally:
             # the folder names what the host serves: the last k that passed, else what was there before
             last = next((s.k for s in reversed(steps) if s.deployed), None)
             if last is not None:
-                tune.write_override(plan.overrides, plan.profile, last, curve, f"specdeploy tune --sweep: k={last}")
+                tune.write_override(plan.overrides, plan.profile, last, curve, notes[last])
             elif original is not None:
                 atomic.write_bytes(override, original)
             else:
                 override.unlink(missing_ok=True)
             runs = [*start.runs, *(run for step in steps for run in step.runs)]
             reports.save(reports.make(before.workload, runs), plan.workdir / "report.json")
-        try:
-            picks = tune.recommend(measured, max_k=max_k)
-        except tune.TuneError as exc:
-            self.say(f"sweep: no recommendation: {exc.message}")
-            picks = []
         return measured, steps, picks
+
+    def _deploy_pick(
+        self,
+        picks: list[tune.Recommendation],
+        steps: list[Step],
+        notes: dict[int, str],
+        curve: list[float],
+        *,
+        deployed_k: int,
+    ) -> None:
+        """End on the pick: deployed through the gate when it is a measured k other than the one the
+        host serves now (the last that passed). A pick of 0 (no speculation) is not an override of
+        this profile, and is said instead."""
+        plan = self.plan
+        level = plan.concurrency or max(r.concurrency for r in picks)
+        chosen = next((r for r in picks if r.concurrency == level), None)
+        serving = next((s.k for s in reversed(steps) if s.deployed), deployed_k)  # a failed k was rolled back
+        if chosen is None or chosen.k == serving:
+            return
+        if chosen.k == 0:
+            self.say(f"sweep: the pick at concurrency {level} is no speculation (k=0): not deployed (a profile "
+                     f"without speculation is another profile); the host stays on k={serving}")  # fmt: skip
+            return
+        if chosen.prediction(chosen.k).basis != "measured":
+            self.say(f"sweep: the pick k={chosen.k} at concurrency {level} was not measured: not deployed")
+            return
+        why = f"the pick at concurrency {level}"
+        notes[chosen.k] = f"specdeploy tune --sweep: k={chosen.k} ({why}; run by {os.environ.get('USER', '?')})"
+        tune.write_override(plan.overrides, plan.profile, chosen.k, curve, notes[chosen.k])
+        step = self.deploy(chosen.k)
+        step.reason = why
+        steps.append(step)
 
 
 def _curve(report: Report) -> list[float]:

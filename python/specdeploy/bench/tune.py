@@ -73,12 +73,12 @@ class Recommendation:
         }
 
 
-def _curve(levels: list[tuple[int, Level]], max_k: int) -> tuple[list[float], int]:
+def _curve(levels: list[tuple[int, Level]], max_k: int, concurrency: int) -> tuple[list[float], int]:
     """Per-position acceptance for positions 1..max_k and how many were measured."""
     with_positions = [(k, lv) for k, lv in levels if k > 0 and lv.per_position]
     if not with_positions:
         raise TuneError(
-            "no speculative run with per-position acceptance at this level",
+            f"no speculative run with per-position acceptance at concurrency {concurrency}",
             hint="bench a stack at the drafter's largest k on vLLM (SGLang does not expose per-position acceptance)",
         )
     _, richest = max(with_positions, key=lambda kl: (len(kl[1].per_position or []), kl[0]))
@@ -86,7 +86,9 @@ def _curve(levels: list[tuple[int, Level]], max_k: int) -> tuple[list[float], in
     return extend(measured, max_k), len(measured)
 
 
-def _step_line(levels: list[tuple[int, Level]]) -> tuple[float, float, float | None, tuple[int, int], str]:
+def _step_line(
+    levels: list[tuple[int, Level]], concurrency: int
+) -> tuple[float, float, float | None, tuple[int, int], str]:
     """(a, b, t0, measured k range, how) of the step-time model."""
     # a speculative run without acceptance figures (no counters) has no known tokens per step: left out
     spec = [(k, lv.step_ms) for k, lv in levels if k > 0 and lv.step_ms is not None and lv.mean_acceptance_length]
@@ -94,14 +96,18 @@ def _step_line(levels: list[tuple[int, Level]]) -> tuple[float, float, float | N
     t0 = float(np.median(plain)) if plain else None
     ks = sorted({k for k, _ in spec})
     if not ks:
-        raise TuneError("no speculative run at this level", hint="bench a stack with speculation on")
+        raise TuneError(f"no speculative run at concurrency {concurrency}", hint="bench a stack with speculation on")
     if len(ks) >= 2:
         x = np.array([k for k, _ in spec], dtype=float)
         y = np.array([t for _, t in spec], dtype=float)
         b, a = np.polyfit(x, y, 1)
         how = f"t(k) = {a:.2f} + {b:.3f}*k ms fitted to {len(spec)} speculative runs (k = {', '.join(map(str, ks))})"
+        if b < 0:  # noise: a flat line through the runs' mean, not the tilted line's intercept
+            b, a = 0.0, float(np.mean(y))
+            how += f"; its slope came out negative (noise): taken as 0, t(k) = {a:.2f} ms"
     elif t0 is not None:
-        k1, t1 = spec[0]
+        k1 = ks[0]
+        t1 = float(np.median([t for _, t in spec]))  # every run at that k
         a, b = t0, (t1 - t0) / k1
         how = f"t(k) = {a:.2f} + {b:.3f}*k ms through the run without speculation and the run at k={k1}"
     else:
@@ -110,19 +116,22 @@ def _step_line(levels: list[tuple[int, Level]]) -> tuple[float, float, float | N
             hint="bench the same stack without speculation too, or at a second k",
         )
     low = 0 if len(ks) == 1 else ks[0]  # one speculative run: the line runs from the run without speculation
-    if b < 0:
+    if b < 0:  # the line through one speculative run and none: a faster speculative step than a plain one
         how += f"; the slope {b:.3f} came out negative (noise) and is taken as 0"
         b = 0.0
     return float(a), float(b), t0, (low, ks[-1]), how
 
 
-def recommend_level(report: Report, concurrency: int, max_k: int | None = None) -> Recommendation:
+def recommend_level(
+    report: Report, concurrency: int, max_k: int | None = None, failed: frozenset[int] = frozenset()
+) -> Recommendation:
+    """`failed`: draft lengths whose deploy failed its gate: predicted and shown, never picked."""
     levels = [(run.k, lv) for run in report.runs if (lv := run.level(concurrency)) and lv.output_tokens_per_s > 0]
     if not levels:
         raise TuneError(f"no run measured concurrency {concurrency}")
     top = max_k if max_k is not None else max(k for k, _ in levels)
-    curve, widths = _curve(levels, top)
-    a, b, t0, (k_lo, k_hi), how = _step_line(levels)
+    curve, widths = _curve(levels, top, concurrency)
+    a, b, t0, (k_lo, k_hi), how = _step_line(levels, concurrency)
     measured: dict[int, list[Level]] = {}
     for k, lv in levels:
         measured.setdefault(k, []).append(lv)
@@ -132,7 +141,9 @@ def recommend_level(report: Report, concurrency: int, max_k: int | None = None) 
         step = t0 if (k == 0 and t0 is not None) else a + b * k
         model = 1000.0 * concurrency * length / step
         seen = float(np.median([lv.output_tokens_per_s for lv in measured[k]])) if k in measured else None
-        if seen is not None:
+        if k in failed:
+            basis = "failed its gate: not a candidate"
+        elif seen is not None:
             basis = "measured"
             # what was measured at this k, not the model: its own acceptance and step time
             length = float(np.median([lv.mean_acceptance_length or 1.0 for lv in measured[k]]))
@@ -146,12 +157,15 @@ def recommend_level(report: Report, concurrency: int, max_k: int | None = None) 
         else:
             basis = "interpolated"
         predictions.append(Prediction(k, seen if seen is not None else model, model, length, step, basis, seen))
-    best = max(p.tok_s for p in predictions)
-    pick = min(p.k for p in predictions if p.tok_s >= best * (1 - NEAR_BEST))
-    return Recommendation(concurrency, pick, predictions, _reasons(predictions, pick, curve, b), how, curve)
+    candidates = [p for p in predictions if p.k not in failed]
+    if not candidates:
+        raise TuneError(f"every k from 0 to {top} failed its gate at concurrency {concurrency}: nothing to pick")
+    best = max(p.tok_s for p in candidates)
+    pick = min(p.k for p in candidates if p.tok_s >= best * (1 - NEAR_BEST))
+    return Recommendation(concurrency, pick, predictions, _reasons(predictions, pick, curve), how, curve)
 
 
-def _reasons(predictions: list[Prediction], pick: int, curve: list[float], b: float) -> list[str]:
+def _reasons(predictions: list[Prediction], pick: int, curve: list[float]) -> list[str]:
     chosen = predictions[pick]
     reasons = [
         f"k={pick}: {chosen.tok_s:.1f} tok/s ({chosen.basis}), {chosen.acceptance_length:.2f} tokens per step "
@@ -163,9 +177,10 @@ def _reasons(predictions: list[Prediction], pick: int, curve: list[float], b: fl
         reasons.append(f"no speculation: {plain.tok_s:.1f} tok/s ({plain.basis}); k={pick} is {gain:+.0%}")
     if pick + 1 < len(predictions):
         nxt = predictions[pick + 1]
+        more = nxt.step_ms - chosen.step_ms  # from 0 to 1 this includes a speculative step's fixed cost
         reasons.append(
             f"k={pick + 1} would add {curve[pick]:.2f} tokens per step (+{curve[pick] / chosen.acceptance_length:.0%}) "
-            f"for {b:.2f} ms more per step (+{b / chosen.step_ms:.0%}): {nxt.tok_s:.1f} tok/s ({nxt.basis})"
+            f"for {more:.2f} ms more per step ({more / chosen.step_ms:+.0%}): {nxt.tok_s:.1f} tok/s ({nxt.basis})"
         )
     worst = predictions[-1]
     if worst.k != pick:
@@ -173,9 +188,9 @@ def _reasons(predictions: list[Prediction], pick: int, curve: list[float], b: fl
     return reasons
 
 
-def recommend(report: Report, max_k: int | None = None) -> list[Recommendation]:
+def recommend(report: Report, max_k: int | None = None, failed: frozenset[int] = frozenset()) -> list[Recommendation]:
     levels = sorted({lv.concurrency for run in report.runs for lv in run.levels})
-    return [recommend_level(report, c, max_k) for c in levels]
+    return [recommend_level(report, c, max_k, failed) for c in levels]
 
 
 def acceptance_bound(report: Report, max_k: int | None = None) -> list[Recommendation]:
@@ -188,7 +203,7 @@ def acceptance_bound(report: Report, max_k: int | None = None) -> list[Recommend
     for concurrency in sorted({lv.concurrency for run in report.runs for lv in run.levels}):
         levels = [(run.k, lv) for run in report.runs if (lv := run.level(concurrency))]
         top = max_k if max_k is not None else max(k for k, _ in levels)
-        curve, widths = _curve(levels, top)
+        curve, widths = _curve(levels, top, concurrency)
         lengths = [1.0 + sum(curve[:k]) for k in range(top + 1)]
         bound = min(k for k in range(1, top + 1) if lengths[k] >= (1 - NEAR_BEST) * lengths[top])
         shares = ", ".join(f"{p:.2f}" for p in curve)
@@ -213,7 +228,7 @@ def acceptance_bound(report: Report, max_k: int | None = None) -> list[Recommend
 # --------------------------------------------------------------------------- which k to measure next
 
 
-def next_k(report: Report, max_k: int, tried: set[int]) -> tuple[int | None, str]:
+def next_k(report: Report, max_k: int, tried: set[int], failed: frozenset[int] = frozenset()) -> tuple[int | None, str]:
     """The next draft length `tune --sweep auto` deploys and measures, with why; None when done.
 
     Two runs (the largest k and none) cannot see a speculative step's fixed cost (the step line
@@ -221,12 +236,13 @@ def next_k(report: Report, max_k: int, tried: set[int]) -> tuple[int | None, str
     noise (docs/benchmarks.md, "Compare and tune"). The search measures where the model points
     instead: at each level, the pick and its neighbours (k - 1, k + 1) that are not yet measured
     (or failed their gate), the one the model rates highest first; the model is refitted after each
-    measure. It stops when every level's pick is measured and so are its neighbours (k=0 is the run
-    without speculation, not a deploy): a measured local best. While the runs support no model (one
-    speculative run and none without: the step line has one point), the untried k nearest the middle
-    of 1..max_k is measured. At most max_k steps."""
+    measure. A k in `failed` (its deploy failed its gate) is never picked. It stops when every
+    level's pick is measured and so are its neighbours (k=0 is the run without speculation, not a
+    deploy: without one, a pick of 0 is extrapolated, and said so): a measured local best. While
+    the runs support no model (one speculative run and none without: the step line has one point),
+    the untried k nearest the middle of 1..max_k is measured. At most max_k steps."""
     try:
-        recommendations = recommend(report, max_k=max_k)
+        recommendations = recommend(report, max_k=max_k, failed=failed)
     except TuneError as exc:
         untried = [k for k in range(1, max_k + 1) if k not in tried]
         if not untried:
@@ -244,7 +260,14 @@ def next_k(report: Report, max_k: int, tried: set[int]) -> tuple[int | None, str
                 wanted.append((predicted.tok_s, -k, why))
     if not wanted:
         picks = ", ".join(f"k={rec.k} at concurrency {rec.concurrency}" for rec in recommendations)
-        return None, f"every pick ({picks}) and its neighbours are measured"
+        unmeasured = [rec for rec in recommendations if rec.prediction(rec.k).basis != "measured"]
+        caveat = (
+            "; no speculation (k=0) is extrapolated: bench the stack without speculation and give it with "
+            "--from-report to confirm"
+            if unmeasured
+            else ""
+        )
+        return None, f"every pick ({picks}) and its neighbours are measured or failed their gate{caveat}"
     _, negative_k, why = max(wanted)
     return -negative_k, why
 
@@ -269,7 +292,7 @@ def search(
                 break
             k, why = queue.pop(0), "asked for"
         else:
-            chosen, why = next_k(make(report.workload, runs), max_k, tried)
+            chosen, why = next_k(make(report.workload, runs), max_k, tried, frozenset(failed))
             if chosen is None:
                 say(f"search: done: {why}")
                 break

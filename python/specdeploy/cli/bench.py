@@ -222,7 +222,10 @@ def tune(
         str | None, typer.Option("--profile", "-p", help="with --apply or --sweep: the host's profile")
     ] = None,
     concurrency: Annotated[
-        int | None, typer.Option(min=1, help="with --apply: the level whose pick is applied (default: the highest)")
+        int | None,
+        typer.Option(
+            min=1, help="with --apply or --sweep: the level whose pick is applied or deployed (default: the highest)"
+        ),
     ] = None,
     sweep: Annotated[
         str | None,
@@ -247,6 +250,13 @@ def tune(
         list[str] | None, typer.Option(help="with --sweep: an option for `bench run` on the host (repeat)")
     ] = None,
     workload: Annotated[Path | None, typer.Option(help="with --sweep: the workload file")] = None,
+    deploy_pick: Annotated[
+        bool,
+        typer.Option(
+            help="with --sweep: end with the pick deployed through the gate when it is a measured k the host does "
+            "not serve yet"
+        ),
+    ] = True,
     out: Annotated[Path | None, typer.Option(help="with --sweep: the folder for the sweep's report")] = None,
     as_json: base.JsonOpt = False,
 ) -> None:
@@ -285,7 +295,7 @@ def tune(
             playbook=playbook.absolute(), overrides=overrides.absolute(), workdir=out.absolute(),
             extra_vars=extra_var or [], repeats=repeats,
             vault_password_file=vault_password_file.absolute() if vault_password_file else None,
-            bench_args=bench_arg or [], workload=workload,
+            bench_args=bench_arg or [], workload=workload, deploy_pick=deploy_pick, concurrency=concurrency,
         )  # fmt: skip
         say = lambda line: output.err.print(line, highlight=False, markup=False)  # noqa: E731
         report, steps, picks = sweeps.Sweep(plan, say).run()  # it saves <out>/report.json itself
@@ -335,10 +345,13 @@ def tune(
     def show() -> None:
         for step in data.get("steps", []):
             gate = step["gate"] or {}
-            how = "passed its gate, measured" if step["deployed"] else (
+            passed = "passed its gate, measured" if step["runs"] else "passed its gate (deployed, serving)"
+            how = passed if step["deployed"] else (
                 f"FAILED its gate ({gate.get('verdict') or 'not reached'}): rolled back, not measured"
             )  # fmt: skip
-            output.out.print(output.line(f"k={step['k']}: ", how, f" (run {step['run_id']}, log {step['log']})"))
+            output.out.print(
+                output.line(f"k={step['k']}: ", how, f" ({step['reason']}; run {step['run_id']}, log {step['log']})")
+            )
         _print_picks(picks)
         if "applied" in data:
             output.out.print(output.line("site override written: ", data["applied"]["file"]), highlight=False)
@@ -350,6 +363,11 @@ def tune(
                 highlight=False,
             )
 
+    if sweep is not None and out is not None:  # the sweep's record beside its report: each k, why, its gate, the pick
+        from specdeploy.core import atomic
+
+        data["record"] = str(out / "sweep.json")
+        atomic.write_json(out / "sweep.json", data)
     output.emit(data, as_json, show)
     if failed:
         raise typer.Exit(1)
