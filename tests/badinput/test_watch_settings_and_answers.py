@@ -18,23 +18,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from tests.support.badinput import Run, write
+from tests.support.badinput import (  # noqa: F401  no_systemctl: an autouse fixture
+    Run,
+    no_systemctl,
+    write,
+)
 from tests.support.vllm_stub import VLLMStub, engines
 
 HOOK_FIX = "watch_hook"
 SETTINGS_FIX = "the watch role writes this file"
-
-
-@pytest.fixture(autouse=True)
-def no_systemd(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    bin_dir = tmp_path_factory.mktemp("bin")
-    calls = bin_dir / "calls"
-    fake = write(bin_dir / "systemctl", f'#!/bin/sh\necho "$*" >> {calls}\nexit 1\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    yield
-    made = calls.read_text().splitlines() if calls.exists() else []
-    assert all(c.split()[:1] == ["show"] for c in made), made
 
 
 @pytest.fixture

@@ -200,14 +200,22 @@ def test_the_test_import_check_catches_each_way_of_importing_a_test_module(tmp_p
         (tmp_path / f"case_{n}.py").unlink()
 
 
-def test_no_two_test_modules_share_a_file_name() -> None:
+def _shared_test_names(tests: Path) -> dict[str, list[str]]:
+    seen: dict[str, list[str]] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    return {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
+def test_no_two_test_modules_share_a_file_name(tmp_path: Path) -> None:
     """pytest imports test modules by their bare name (the test folders are not packages): a second
     `test_bench.py` in another folder stops the collection of one of them (`import file mismatch`,
     CI 2026-12-05)."""
-    seen: dict[str, list[str]] = {}
-    for path in (ROOT / "tests").rglob("test_*.py"):
-        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
-    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+    for folder in ("unit", "integration"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "test_bench.py").write_text("")
+    assert _shared_test_names(tmp_path) == {"test_bench.py": ["integration/test_bench.py", "unit/test_bench.py"]}
+    assert _shared_test_names(ROOT / "tests") == {}
 
 
 def _tracked() -> list[str]:

@@ -9,7 +9,7 @@ from different tools, prompts and days). Reports merge only when their workloads
 from __future__ import annotations
 
 from specdeploy.bench.report import NOT_EXPOSED, Report, Run, make
-from specdeploy.core.errors import UsageError
+from specdeploy.core.errors import SpecdeployError, UsageError
 
 
 class WorkloadMismatch(UsageError):
@@ -22,6 +22,24 @@ def differences(a: Report, b: Report) -> list[str]:
     return [f"{key}: {left[key]!r} vs {right[key]!r}" for key in left if left[key] != right[key]]
 
 
+SAME_WORKLOAD = "run `specdeploy bench run` on both stacks with the same workload file and profile bench settings"
+
+
+def require_same(
+    first_name: str, first: Report, name: str, report: Report, hint: str, error: type[SpecdeployError] | None = None
+) -> None:
+    """Refuse `report` unless it measured `first`'s workload: the error names both keys and each
+    identity field that differs (`error`: WorkloadMismatch unless the caller's own kind is given)."""
+    if report.workload_key == first.workload_key:
+        return
+    fields = differences(first, report) or ["the prompt sets differ"]
+    raise (error or WorkloadMismatch)(
+        f"{name} measured another workload than {first_name} (workload {report.workload_key} vs "
+        f"{first.workload_key}): " + "; ".join(fields),
+        hint=hint,
+    )
+
+
 def merge(reports: list[tuple[str, Report]]) -> Report:
     """One report of every run, in the order given; (name, report) pairs, the name for messages."""
     if not reports:
@@ -30,12 +48,7 @@ def merge(reports: list[tuple[str, Report]]) -> Report:
     runs: list[Run] = []
     labels: set[str] = set()
     for name, report in reports:
-        if report.workload_key != first.workload_key:
-            raise WorkloadMismatch(
-                f"{name} measured another workload than {first_name} (workload {report.workload_key} vs "
-                f"{first.workload_key}): " + "; ".join(differences(first, report)),
-                hint="run `specdeploy bench run` on both stacks with the same workload file and profile bench settings",
-            )
+        require_same(first_name, first, name, report, SAME_WORKLOAD)
         for run in report.runs:
             label = run.label if run.label not in labels else f"{run.label}@{run.taken_at}"
             labels.add(label)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from specdeploy.bench.workload import Workload
 from specdeploy.core import atomic, files
-from specdeploy.core.errors import InputFileError
+from specdeploy.core.errors import InputFileError, first_invalid
 
 SCHEMA = "specdeploy-bench/1"
 NOT_EXPOSED = "not exposed"  # SGLang counts no per-position acceptance
@@ -128,10 +128,8 @@ def load(path: Path) -> Report:
     try:
         report = Report.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise InputFileError(
-            f"bench report {path}: field {where}: {first['msg']} (found {str(first.get('input'))[:80]!r})",
+            f"bench report {path}: field {first_invalid(exc)}",
             hint="give a report `specdeploy bench run` wrote (report.json), unedited",
         ) from None
     if report.workload_key != report.workload.key:
@@ -218,10 +216,8 @@ def from_gate(data: dict[str, Any], path: Path) -> Report:
         built = Workload.model_validate(workload)
         return Report.model_validate({"workload": built.model_dump(), "workload_key": built.key, "runs": [run]})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise InputFileError(
-            f"gate report {path}: {where}: {first['msg']} (found {str(first.get('input'))[:80]!r})",
+            f"gate report {path}: {first_invalid(exc)}",
             hint="give a gate report `specdeploy gate` wrote (gate.json), unedited",
         ) from None
 

@@ -192,12 +192,10 @@ class Sweep:
         override = plan.overrides / f"{plan.profile.name}.yaml"
         original = override.read_bytes() if override.is_file() else None
         before = self.bench("deployed")  # the stack as it is: its acceptance curve gives each k's bands
-        if plan.baseline is not None and plan.baseline.workload_key != before.workload_key:
-            raise BenchError(
-                "--from-report: its runs measured another workload than the sweep's: "
-                + "; ".join(compare.differences(plan.baseline, before)),
-                hint="bench the baseline with the sweep's --workload, or sweep with the report's",
-            )
+        if plan.baseline is not None:
+            compare.require_same("the sweep's first bench", before, "--from-report", plan.baseline,
+                                 "bench the baseline with the sweep's --workload, or sweep with the report's",
+                                 BenchError)  # fmt: skip
         curve = _curve(before)
         # the largest k considered: --max-k, else the deployed profile's or the largest asked for
         max_k = plan.max_k or max([plan.profile.engine.speculative.num_speculative_tokens, *(plan.ks or [])])
@@ -219,12 +217,9 @@ class Sweep:
                 return None
             for i in range(plan.repeats):
                 got = self.bench(f"k={k} #{i + 1}")
-                if got.workload_key != before.workload_key:
-                    raise BenchError(
-                        f"bench k={k} on {self.access.name} measured another workload than the sweep's first bench: "
-                        + "; ".join(compare.differences(before, got) or ["the prompt sets differ"]),
-                        hint="the host's bench must read the same workload: pass --workload",
-                    )
+                compare.require_same("the sweep's first bench", before, f"bench k={k} on {self.access.name}", got,
+                                     "the host's bench must read the same workload: pass --workload",
+                                     BenchError)  # fmt: skip
                 step.runs += got.runs
             return step.runs
 

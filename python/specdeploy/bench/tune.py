@@ -40,6 +40,11 @@ class TuneError(UsageError):
     """The runs given cannot support a recommendation (what is missing is named)."""
 
 
+class DraftCostUnknown(TuneError):
+    """One speculative run and none without: acceptance is known, the cost of a draft is not
+    (`acceptance_bound` still answers from acceptance alone)."""
+
+
 @dataclass(frozen=True)
 class Prediction:
     k: int
@@ -111,7 +116,7 @@ def _step_line(
         a, b = t0, (t1 - t0) / k1
         how = f"t(k) = {a:.2f} + {b:.3f}*k ms through the run without speculation and the run at k={k1}"
     else:
-        raise TuneError(
+        raise DraftCostUnknown(
             f"one speculative run (k={ks[0]}) and none without speculation: the cost of a draft token is unknown",
             hint="bench the same stack without speculation too, or at a second k",
         )

@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from specdeploy.core import files
-from specdeploy.core.errors import InputFileError
+from specdeploy.core.errors import InputFileError, first_invalid
 from specdeploy.profile import Profile
 
 MAX_PROMPTS = 10000
@@ -121,10 +121,8 @@ def _build(profile: Profile, data: dict[str, Any], what: str) -> Workload:
     try:
         return Workload.model_validate(fields)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise InputFileError(
-            f"{what}: field {where}: {first['msg']} (found {first.get('input')!r:.80})",
+            f"{what}: field {first_invalid(exc)}",
             hint="a workload needs name (lowercase, dashes) and prompts; the rest defaults to the profile's "
             "bench section",
         ) from None

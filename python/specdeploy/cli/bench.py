@@ -307,9 +307,7 @@ def tune(
         data = {"report": str(from_report)}
         try:
             picks = tuner.recommend(given, max_k)
-        except tuner.TuneError as exc:
-            if "the cost of a draft token is unknown" not in exc.message:
-                raise
+        except tuner.DraftCostUnknown as exc:
             picks = tuner.acceptance_bound(given, max_k)  # one speculative run (a gate report): a bound only
             data["bound_only"] = f"{exc.message}: acceptance alone bounds k from above"
     data["recommendations"] = [r.to_json() for r in picks]

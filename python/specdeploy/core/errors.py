@@ -8,6 +8,8 @@ exits with EXIT_INTERNAL, so a script or the gate can tell a bug from a bad inpu
 
 from __future__ import annotations
 
+from typing import Any
+
 EXIT_INTERNAL = 70  # an unexpected exception: a bug in specdeploy (sysexits' EX_SOFTWARE)
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM before the command finished
 
@@ -96,3 +98,12 @@ class PinsChangedError(SpecdeployError):
     go through `specdeploy lock update` (profile.site_lock). Nothing was deployed."""
 
     exit_code = 1
+
+
+def first_invalid(exc: Any) -> str:
+    """A pydantic ValidationError's first error as `FIELD: MESSAGE (found VALUE)`: the dotted field
+    (or "(top level)"), pydantic's message, and the value found (its repr, at most 80 characters).
+    Every loader of a file or an answer names what it refuses the same way."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    return f"{where}: {first['msg']} (found {str(repr(first.get('input')))[:80]})"

@@ -322,40 +322,35 @@ def kind_of(path: Path | str, *, follow: bool = True) -> str | None:
     return FILE_KINDS.get(stat.S_IFMT(info.st_mode), "something else")
 
 
-def regular_file(path: Path | str, *, option: str, what: str, hint: str) -> Path:
-    """`path` when it is a regular file (stat only: an archive may be gigabytes, a FIFO must not
-    block), else an InputFileError (exit 2) naming `option`, what was expected and found."""
+def _expect(path: Path | str, want: int, label: str, fallback: str, error: type, *, option: str, what: str,
+            hint: str, label_if_missing: str | None = None) -> Path:  # fmt: skip
+    """`path` when `stat` says it is of kind `want`, else `error` naming `option`, what was expected
+    (`what`, then `label`) and what was found."""
+    missing = label if label_if_missing is None else label_if_missing
     path = Path(path)
     try:
         info = path.stat()
     except FileNotFoundError:
-        raise InputFileError(f"{option} {path}: expected {what}, found nothing there", hint=hint) from None
+        raise error(f"{option} {path}: expected {what}{missing}, found nothing there", hint=hint) from None
     except OSError as exc:
-        raise InputFileError(f"{option} {path}: {what} cannot be read: {exc.strerror or exc}", hint=hint) from None
+        raise error(f"{option} {path}: {what} cannot be read: {exc.strerror or exc}", hint=hint) from None
     kind = stat.S_IFMT(info.st_mode)
-    if kind != stat.S_IFREG:
-        raise InputFileError(
-            f"{option} {path}: expected {what} (a regular file), found {FILE_KINDS.get(kind, 'not a regular file')}",
-            hint=hint,
-        )
+    if kind != want:
+        raise error(f"{option} {path}: expected {what}{label}, found {FILE_KINDS.get(kind, fallback)}", hint=hint)
     return path
+
+
+def regular_file(path: Path | str, *, option: str, what: str, hint: str) -> Path:
+    """`path` when it is a regular file (stat only: an archive may be gigabytes, a FIFO must not
+    block), else an InputFileError (exit 2) naming `option`, what was expected and found."""
+    return _expect(path, stat.S_IFREG, " (a regular file)", "not a regular file", InputFileError,
+                   option=option, what=what, hint=hint, label_if_missing="")  # fmt: skip
 
 
 def directory(path: Path | str, *, option: str, what: str, hint: str) -> Path:
     """`path` when it is a directory, else a UsageError (exit 2) naming `option` and what is there."""
-    path = Path(path)
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise UsageError(f"{option} {path}: expected {what} (a directory), found nothing there", hint=hint) from None
-    except OSError as exc:
-        raise UsageError(f"{option} {path}: {what} cannot be read: {exc.strerror or exc}", hint=hint) from None
-    kind = stat.S_IFMT(info.st_mode)
-    if kind != stat.S_IFDIR:
-        raise UsageError(
-            f"{option} {path}: expected {what} (a directory), found {FILE_KINDS.get(kind, 'something else')}", hint=hint
-        )
-    return path
+    return _expect(path, stat.S_IFDIR, " (a directory)", "something else", UsageError,
+                   option=option, what=what, hint=hint)  # fmt: skip
 
 
 def sha256_file(path: Path | str, *, follow: bool = False) -> str:

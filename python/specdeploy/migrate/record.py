@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specdeploy.core import atomic, files
-from specdeploy.core.errors import SpecdeployError, UsageError
+from specdeploy.core.errors import SpecdeployError, UsageError, first_invalid
 from specdeploy.front.config import NAME_RE
 
 STEPS = ("plan", "prepare", "verify", "cutover", "rollback", "finish")
@@ -198,11 +198,8 @@ def load(site: Path, old: str, new: str) -> MigrationRecord | None:
     try:
         record = MigrationRecord.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise RecordError(
-            f"migration record {where}: {field}: {first['msg']} (found {first.get('input')!r}); no step can run "
-            "from a record it cannot read",
+            f"migration record {where}: {first_invalid(exc)}; no step can run from a record it cannot read",
             hint="restore the file from a backup, or move it aside and start again with `migrate plan` "
             "(traffic stays where the balancer has it: check `specdeploy front status`)",
         ) from None
