@@ -45,7 +45,7 @@ if [ ! -f "$shared/.complete" ]; then
   touch "$shared/.complete"
 fi
 # The venvs of older locks: keep the most recently used other one, remove the rest (each ~4 GB).
-PYTHONPATH="$root/python" "$python" -m specdeploy.core.housekeeping prune venv "venv-$key" --cache "$cache"
+PYTHONPATH="$root/python" "$python" -m specdeploy.rehearsal.housekeeping prune venv "venv-$key" --cache "$cache"
 # (still under the lock: two setups of one checkout must not rebuild its .venv at once)
 
 venv="$root/.venv"

@@ -9,7 +9,7 @@ bash scripts/system-deps.sh
 # cache (venv, wheelhouse, engine image), the tests' temporary files and podman's storage (the
 # test hosts and the images inside them). The figures are measured in docs/benchmarks.md.
 cache=${SPECDEPLOY_CACHE:-$HOME/.cache/specdeploy}
-PYTHONPATH=python python3 -m specdeploy.core.housekeeping space --what "the test suite" \
+PYTHONPATH=python python3 -m specdeploy.rehearsal.housekeeping space --what "the test suite" \
   --warm-gib 20 --cold-gib 30 --cache "$cache" "${TMPDIR:-/tmp}" "$(podman info --format '{{.Store.GraphRoot}}')"
 venv=$(bash scripts/setup.sh | tail -n 1)
 export PATH="$venv/bin:$PATH"

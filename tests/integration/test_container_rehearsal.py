@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 from tests.support import canary, container_rig
 
-from specdeploy.core import layout
+from specdeploy.core import layout, progress
 from specdeploy.images import build as images
 from specdeploy.profile import load_profile
 from specdeploy.profile.lock import Lock
@@ -93,6 +93,10 @@ def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_
     run, report = container_rig.play(rig)
     assert run.returncode == 0, run.stdout[-5000:]
     assert report is not None and report["verdict"] == "pass" and report["smoke"]["verdict"] == "pass", report
+    # no silent minutes (issue 37): the image's build or load, the engine's start and the gate each said
+    # at least every 30 s what they were waiting on (the progress callback's lines)
+    assert run.longest_silence < progress.MAX_SILENCE_S, run.times
+    assert re.search(r"\d\d:\d\d:\d\d TASK \[smoke_gate : Gate the new stack[^\n]*: \d+s, last: ", run.stdout)
     host = rig.host
     if rig.images_source == "build":  # the first run for this cache key: built on the host from
         # the context the role shipped, its guard passing (kept once the canary search passed)

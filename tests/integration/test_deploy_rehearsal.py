@@ -34,7 +34,7 @@ import yaml
 from tests.support.rehearsal_host import API_KEY, MODELS
 from tests.support.testhost import Host
 
-from specdeploy.core import layout
+from specdeploy.core import layout, progress
 from specdeploy.core.keeper import new_run_id
 from specdeploy.profile import load_profile, resolve_profile_path
 from specdeploy.rehearsal import deploy, variants
@@ -103,6 +103,9 @@ def test_rehearsal_deploy_passes_the_smoke_gate_and_is_idempotent(
 ) -> None:
     first, report = _playbook(host, tmp_path, wheelhouse, weights)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
+    # no silent minutes (issue 37): the venvs' builds, the engine's start and the gate said at least every
+    # 30 s which task waits on what
+    assert first.longest_silence < progress.MAX_SILENCE_S, first.times
     assert re.search(r"ok port: 8100 free", first.stdout), first.stdout[-3000:]
     assert report is not None and report["verdict"] == "pass" and report["exit_code"] == 0
     assert report["smoke"]["verdict"] == "pass" and report["verified"] is True

@@ -44,6 +44,7 @@ speaks.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import shlex
 import ssl
@@ -58,7 +59,7 @@ import pytest
 from tests.support import container_rig
 from tests.support.container_rig import API_KEY, PROFILE, Rig
 
-from specdeploy.core import layout
+from specdeploy.core import layout, progress
 from specdeploy.core.keeper import new_run_id
 from specdeploy.front import haproxy
 from specdeploy.images.build import image_tag
@@ -323,6 +324,9 @@ def test_an_interrupted_prepare_resumes_without_copying_verified_files_again(sit
     site.new.ssh(f"rmdir {blocked}")
     code, out = site.migrate("prepare")
     assert code == 0, out
+    # no silent minutes (issue 37): the seed's copies and NEW's play said at least every 30 s what they did
+    assert site.silences["prepare"] < progress.MAX_SILENCE_S, out["stderr"][-3000:]
+    assert re.search(r"deploy\.yml -l [\w-]+: \d+s, last: ", out["stderr"]), out["stderr"][-3000:]
     seeded = out["details"]["seed"]
     assert seeded["already_verified"] >= 1 and seeded["copied"] >= 1, seeded
     # the target's files, all in place before the interruption, are only verified again: no byte copied

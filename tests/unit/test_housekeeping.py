@@ -1,4 +1,4 @@
-"""The cache's stale entries are pruned and a short disk refuses the run at once (core/housekeeping):
+"""The cache's stale entries are pruned and a short disk refuses the run at once (rehearsal/housekeeping):
 CI's disk once filled an hour into the suite with old locks' venvs and wheelhouses."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specdeploy.core import housekeeping
+from specdeploy.rehearsal import housekeeping
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,7 +66,7 @@ def test_prune_keeps_none_of_the_others_when_asked_and_leaves_a_symlink_alone(tm
 
 
 def _space(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "specdeploy.core.housekeeping", "space", "--cache", str(cache), *args]
+    argv = [sys.executable, "-m", "specdeploy.rehearsal.housekeeping", "space", "--cache", str(cache), *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT)
 
@@ -100,7 +100,7 @@ def test_the_prune_command_stamps_the_current_entry_used(tmp_path: Path) -> None
     argv = [
         sys.executable,
         "-m",
-        "specdeploy.core.housekeeping",
+        "specdeploy.rehearsal.housekeeping",
         "prune",
         "venv",
         current.name,

@@ -8,6 +8,7 @@ The verb groups live one module each, in pipeline order.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Annotated
 
 import typer
@@ -23,7 +24,6 @@ from specdeploy.cli import (
     host,
     images,
     profile,
-    rehearsal,
     rollback,
     smoke,
     weights,
@@ -66,10 +66,15 @@ for module in (
     coherence,
     rollback,
     gate,
-    rehearsal,
     lock_cli,
 ):
     module.register(app)
+# `specdeploy rehearsal ...` where the rehearsal rig is installed (this checkout, or the
+# specdeploy-rehearsal distribution): the host package holds neither it nor this verb group
+if importlib.util.find_spec("specdeploy.rehearsal") is not None:
+    from specdeploy.cli import rehearsal
+
+    rehearsal.register(app)
 watch_cli.register(app)  # after the deploy: the light gate the host's timer runs
 front_cli.register(app)  # the site's front door: HAProxy in front of the engine hosts (issue 23)
 migrate_cli.register(app)  # the host migration runbook (issue 23)

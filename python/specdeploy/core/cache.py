@@ -18,7 +18,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from specdeploy.core.errors import SpecdeployError
-from specdeploy.core.housekeeping import nearest_existing
+from specdeploy.core.sizes import nearest_existing
 
 ENV = "SPECDEPLOY_CACHE"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from specdeploy.core import hashcache, layout
-from specdeploy.core.housekeeping import GIB
+from specdeploy.core.sizes import GIB
 from specdeploy.host import command, cuda, gpus
 from specdeploy.profile import Profile
 

@@ -14,11 +14,12 @@ import datetime as dt
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdeploy.core import files
+from specdeploy.core import files, progress
 from specdeploy.core.errors import ProgramError, SpecdeployError, UsageError
 from specdeploy.host import cuda
 from specdeploy.images import lock as image_lock
@@ -433,9 +434,9 @@ def build(
         return BuildResult(image_tag(profile), None, argv)
     # podman's build log goes to stderr: stdout is the command's result (`image ensure` prints the
     # JSON the images role parses; a build log before it broke every first build on a host)
-    # (file descriptor 2 itself: sys.stderr may be a stream with no descriptor, e.g. under a CLI test runner)
+    # (shown as it comes, each line feeding the current progress step: a first build runs for minutes)
     try:
-        done = subprocess.run(argv, text=True, stdout=2)
+        done = progress.timed_run(argv, echo=sys.stderr)
     except OSError as exc:
         raise ProgramError(
             f"--podman {podman}: cannot run it: {exc.strerror or exc}; nothing was built", hint=podman_exe.INSTALL_HINT

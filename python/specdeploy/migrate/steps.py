@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import atomic, keeper, layout
+from specdeploy.core import atomic, keeper, layout, progress
 from specdeploy.core.errors import SpecdeployError
-from specdeploy.core.housekeeping import human
 from specdeploy.core.programs import ansible_program
+from specdeploy.core.sizes import human
 from specdeploy.front.config import backup_name
 from specdeploy.migrate import compare, record, seed
 from specdeploy.migrate.hosts import HostAccess, connect
@@ -110,7 +110,9 @@ def run(m: Migration, host: HostAccess, argv: list[str], *, what: str, ok_codes:
     the command and its last line of output when its exit code is not in `ok_codes`."""
     command = " ".join(shlex.quote(a) for a in argv)
     try:
-        done = m.conn(host).run(command, hide=True, warn=True, in_stream=False)
+        # a line every 20 s while it runs (a gate, an image's save: minutes), naming its last output line
+        with progress.step(f"{host.name}: {what}", announce=False) as step:
+            done = m.conn(host).run(command, hide=True, warn=True, in_stream=False, watchers=[_Observer(step)])
     except Exception as exc:  # paramiko/socket errors: the host cannot be reached
         raise StepError(
             f"{host.name} ({host.address}:{host.port}): cannot run {what}: {type(exc).__name__}: {exc}",
@@ -123,6 +125,32 @@ def run(m: Migration, host: HostAccess, argv: list[str], *, what: str, ok_codes:
             hint=f"run it on {host.name} by hand to see all of it: {command}",
         )
     return done
+
+
+class _Observer:
+    """An invoke stream watcher: each new output line of a remote command becomes its step's observation."""
+
+    def __init__(self, step: progress.Step) -> None:
+        self.step = step
+
+    def submit(self, stream: str) -> list[str]:
+        lines = stream[-1000:].splitlines()  # invoke hands the whole output so far: its end is enough
+        if lines:
+            self.step.observe(lines[-1])
+        return []  # nothing to answer: stdin is closed
+
+
+def _play(m: Migration, argv: list[str], playbook_dir: Path, log: Path, what: str) -> int:
+    """Run a play into `log`, its exit code; while it runs a line every 20 s names the task it is in
+    and the last line it wrote (`migrate prepare` sat silent for nine minutes before)."""
+    m.progress(f"{what} (log: {log})")
+    with log.open("w") as sink, progress.step(what), progress.follow(log, pick=_play_line):
+        return subprocess.run(argv, cwd=playbook_dir, stdout=sink, stderr=subprocess.STDOUT, check=False).returncode
+
+
+def _play_line(text: str) -> str | None:
+    """A line of a play's log worth showing: not blank, not a row of stars."""
+    return text.rstrip("* ").strip() or None
 
 
 def read_json_file(m: Migration, host: HostAccess, path: str, *, what: str) -> dict[str, Any] | None:
@@ -189,10 +217,7 @@ def _deploy(
     for key, value in variables.items():
         argv += ["-e", f"{key}={value}"]
     log = m.workdir / f"deploy-{host.name}-{tags.replace(',', '-') or 'all'}-{int(time.time())}.log"
-    m.progress(f"deploy.yml -l {host.name}{' --tags ' + tags if tags else ''} (log: {log})")
-    with log.open("w") as sink:
-        done = subprocess.run(argv, cwd=playbook_dir, stdout=sink, stderr=subprocess.STDOUT, check=False)
-    return done.returncode
+    return _play(m, argv, playbook_dir, log, f"deploy.yml -l {host.name}{' --tags ' + tags if tags else ''}")
 
 
 # --------------------------------------------------------------------------- the steps
@@ -451,9 +476,23 @@ def image_of_old(m: Migration, profile: Profile) -> dict[str, Any]:
         run(m, m.old, ["mv", "--", f"{source}.part", source], what="OLD's saved image into place")
     sha = run(m, m.old, ["sha256sum", "--", source], what="the saved image's sha256").stdout.split()[0]
     item = seed.SeedFile("image", image_id[:12], m.layout(m.new).image_archive.as_posix(), sha, source=source)
-    m.progress(f"seeding the image archive from {m.old.name} to {m.new.name}")
-    copied = seed.seed(seed.FabricSide(m.conn(m.old), m.old.name), seed.FabricSide(m.conn(m.new), m.new.name), [item])
+    copied = _seed(m, m.old, m.new, [item], f"seeding the image archive from {m.old.name} to {m.new.name}")
     return {"tag": tag, "image_id": f"sha256:{image_id}", "saved_on_old": source, "sha256": sha} | copied.to_json()
+
+
+def _seed(m: Migration, origin: HostAccess, to: HostAccess, items: list[seed.SeedFile], what: str) -> seed.SeedResult:
+    """seed.seed between two hosts, saying every 20 s how many bytes have crossed (GBs take minutes)."""
+    m.progress(what)
+    moved = [0]
+    with progress.step(what) as step:
+
+        def copied(n: int) -> None:
+            moved[0] += n
+            step.observe(f"{human(moved[0])} copied")
+
+        return seed.seed(
+            seed.FabricSide(m.conn(origin), origin.name), seed.FabricSide(m.conn(to), to.name), items, progress=copied
+        )
 
 
 def drop_old_archive(m: Migration, image: dict[str, Any]) -> None:
@@ -486,8 +525,7 @@ def prepare(
             f"{planned['models_old']}: the lock's files are copied from the same paths",
             hint=f"give {origin.name} the same specdeploy_models_dir as OLD in the inventory, or seed from OLD",
         )
-    m.progress(f"seeding {len(items)} files from {origin.name} to {m.new.name}")
-    seeded = seed.seed(seed.FabricSide(m.conn(origin), origin.name), seed.FabricSide(m.conn(m.new), m.new.name), items)
+    seeded = _seed(m, origin, m.new, items, f"seeding {len(items)} files from {origin.name} to {m.new.name}")
     old_layout, new_layout = m.layout(m.old), m.layout(m.new)
     key = planned["identity_key"]
     golden_text = run(m, m.old, ["cat", "--", f"{old_layout.golden.as_posix()}/{key}.json"], what="OLD's golden")
@@ -677,8 +715,7 @@ def finish(m: Migration, rec: record.MigrationRecord, *, stop_old: bool) -> dict
     if m.vault_password_file is not None:
         argv += ["--vault-password-file", str(m.vault_password_file)]
     log = m.workdir / f"decommission-{m.old.name}.log"
-    with log.open("w") as sink:
-        code = subprocess.run(argv, cwd=playbook_dir, stdout=sink, stderr=subprocess.STDOUT, check=False).returncode
+    code = _play(m, argv, playbook_dir, log, f"decommission.yml -l {m.old.name}")
     if code != 0:
         raise StepError(
             f"decommission.yml on {m.old.name} exited {code}: OLD's engine may still run",

@@ -27,19 +27,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import envlock, housekeeping, keeper, layout
+from specdeploy.core import envlock, keeper, layout, progress
 from specdeploy.core.cache import cache_dir, exclusive
 from specdeploy.core.errors import ProgramError, SpecdeployError
 from specdeploy.core.programs import ansible_program
 from specdeploy.profile import Profile, load_profile
-from specdeploy.rehearsal import hosts, variants
+from specdeploy.rehearsal import hosts, housekeeping, variants
 from specdeploy.weights.fetch import models_of
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -96,6 +95,13 @@ def wheelhouse(*profiles: str) -> Path:
     return filled
 
 
+def _fill(argv: list[str], env: dict[str, str]) -> None:
+    """scripts/wheelhouse.sh: its messages shown, each line (pip's too) feeding the current step."""
+    done = progress.timed_run(argv, env=env, echo=sys.stderr, echo_stdout=False)
+    if done.returncode != 0:
+        raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
+
+
 def _fill_wheelhouse(dest: Path, root: Path, profiles: tuple[str, ...]) -> Path:
     env = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
     script = ["bash", str(root / "scripts" / "wheelhouse.sh"), str(dest)]
@@ -104,9 +110,9 @@ def _fill_wheelhouse(dest: Path, root: Path, profiles: tuple[str, ...]) -> Path:
         spec = engine.requirement()
         if spec and not (dest / "engines" / f"{engine.archive_name()}.tar").is_file():
             print(f"wheelhouse: downloading the engine {spec} (once)", file=sys.stderr)
-            subprocess.run([*script, "--engine", spec], check=True, env=env, stdout=subprocess.DEVNULL)
+            _fill([*script, "--engine", spec], env)
     if not (dest / ".complete").exists():
-        subprocess.run(script, check=True, env=env, stdout=subprocess.DEVNULL)
+        _fill(script, env)
         (dest / ".complete").touch()
         return dest
     with tempfile.TemporaryDirectory() as tmp:
@@ -342,9 +348,14 @@ def playbook_argv(
     return argv
 
 
-def run_playbook(argv: list[str], *, capture: bool) -> subprocess.CompletedProcess[str]:
+def run_playbook(argv: list[str], *, capture: bool) -> progress.Timed:
+    """A play from the checkout's ansible/ (its ansible.cfg: the progress callback included). Captured,
+    its output is kept with the time of every line: `.longest_silence` proves no silent minutes."""
     env = {**os.environ, "ANSIBLE_CONFIG": str(checkout() / "ansible" / "ansible.cfg")}
-    return subprocess.run(argv, cwd=checkout() / "ansible", capture_output=capture, text=True, env=env)
+    if capture:
+        return progress.timed_run(argv, cwd=checkout() / "ansible", env=env)
+    done = subprocess.run(argv, cwd=checkout() / "ansible", env=env)
+    return progress.Timed(done.returncode, "", "")
 
 
 def task_events(output: str) -> list[tuple[str, str, str]]:
@@ -419,8 +430,10 @@ def prepare(profile: Profile, repos: list[str], *, site_lock: Path) -> Prepared:
     futures: dict[str, Future[Any]] = {}
 
     def engine_image_built() -> tuple[str, str]:  # submitted last: its inputs' futures exist by then
+        progress.observe("waiting for its inputs: the wheelhouse, the registry and the engine base image")
         wheels, site = futures["wheelhouse"].result(), futures["registry"].result()
         futures["engine base image"].result()
+        progress.observe(f"pushing the engine base image to {site.address}")
         base = engine_image.base_in_registry(profile, registry=site.address, cert_dir=site.cert_dir)
         pinned = variants.derive(profile, profile.name, _base_patch(base))
         key = engine_image.archive_key(pinned, context=checkout(), wheels=wheels)
@@ -430,13 +443,11 @@ def prepare(profile: Profile, repos: list[str], *, site_lock: Path) -> Prepared:
         return base
 
     steps["engine image"] = engine_image_built
-    started = time.monotonic()
 
     def timed(name: str, step: Callable[[], Any]) -> Any:
-        try:
+        # a line every 20 s while it runs, naming what its program last printed (no silent minutes)
+        with progress.step(f"prepare: {name}"):
             return step()
-        finally:
-            print(f"prepare: {name} done after {time.monotonic() - started:.0f} s", file=sys.stderr)
 
     with ThreadPoolExecutor(max_workers=len(steps), thread_name_prefix="prepare") as pool:
         for name, step in steps.items():

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeploy.core import progress
 from specdeploy.core.cache import cache_dir, exclusive
 
 # Debian's podman here needs runc and cgroupfs (crun refuses the hybrid cgroup layout).
@@ -50,14 +51,16 @@ def _import_debootstrapped(archive: Path, image: str, suite: str, packages: tupl
         archive.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=archive.parent) as tmp:
             rootfs = Path(tmp) / "rootfs"
-            subprocess.run(
+            progress.observe(f"debootstrap {suite} minbase with {len(packages)} packages (once, cached)")
+            progress.run(  # minutes on a first run: its "I: Retrieving ..." lines feed the step
                 ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(rootfs),
                  "http://deb.debian.org/debian"],
-                check=True, capture_output=True,
             )  # fmt: skip
             partial = archive.with_suffix(".partial")
+            progress.observe(f"archiving the {suite} root filesystem into {archive.name}")
             subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True)
             partial.rename(archive)
+    progress.observe(f"podman import {archive.name} as {image}")
     subprocess.run(["podman", "import", str(archive), image], check=True, capture_output=True)
 
 
@@ -213,7 +216,9 @@ def start(
         subprocess.run(["podman", "exec", name, "chown", "root:root", "/root/.ssh/authorized_keys"], check=True)
         host = Host(name, ssh_port, key)
         deadline = time.monotonic() + 90
-        while host.ssh("systemctl is-system-running --wait", check=False).returncode not in (0, 1):
+        progress.observe(f"{name}: booted, waiting for systemd and sshd on 127.0.0.1:{ssh_port}")
+        while (state := host.ssh("systemctl is-system-running --wait", check=False)).returncode not in (0, 1):
+            progress.observe(f"{name}: systemd {state.stdout.strip() or 'not reachable over ssh yet'}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name}: no SSH on 127.0.0.1:{ssh_port} after 90s")
             time.sleep(1)

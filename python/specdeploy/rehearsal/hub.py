@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from specdeploy.core import envlock
+from specdeploy.core import envlock, progress
 from specdeploy.core.cache import cache_dir, exclusive
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.core.files import sha256_file
@@ -220,7 +220,8 @@ def _install_olah(venv: Path, wheels: Path) -> None:
 
 def _pip_locked(argv: list[str], *, what: str) -> None:
     """Run pip on the hub's lock; a HubError naming the step (a hash mismatch names the wheel)."""
-    done = subprocess.run(argv, capture_output=True, text=True)
+    progress.observe(what)
+    done = progress.run(argv, check=False)
     if done.returncode != 0:
         mismatched = envlock.hash_errors(done.stdout + done.stderr)
         raise HubError(
@@ -278,7 +279,7 @@ def olah(root: Path) -> Iterator[tuple[str, Path]]:
 
 
 def _podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([*hosts.PODMAN.split(), *args], capture_output=True, text=True)
+    done = progress.run([*hosts.PODMAN.split(), *args], check=False)  # its lines feed the current step
     if check and done.returncode != 0:
         raise HubError(f"podman {args[0]} failed: {done.stderr.strip()[-2000:]}")
     return done
@@ -330,6 +331,7 @@ def hub_image() -> str:
     builder = f"specdeploy-hub-build-{key}"
     _podman("rm", "-f", "-t", "0", builder, check=False)
     try:
+        progress.observe(f"installing olah {OLAH_VERSION} into {base} (offline, from its locked wheels)")
         _podman(
             "run", "--name", builder, "--network", "none", *hosts.RUN_FLAGS, "-v", f"{wheels}:/wheels:ro", base,
             "sh", "-c",
@@ -440,7 +442,9 @@ def start_hub(
             f"could not start hub {name}: {started.stderr.strip()[-2000:]}",
             hint=f"is 127.0.0.1:{port}, or {HUB_IP} on network {NETWORK}, held by another container?",
         )
-    if not _ready(served, token, timeout=60):
+    with progress.step(f"hub {name}: waiting until it serves"):
+        ready = _ready(served, token, timeout=60)
+    if not ready:
         logs = served.logs()
         stop_hub(name)
         raise HubError(
@@ -463,8 +467,9 @@ def _ready(served: Hub, token: str, *, timeout: float) -> bool:
             answer = httpx.get(url, headers=bearer, timeout=2, verify=site_ca.trust(served.ca))
             if answer.status_code == 200:
                 return True
-        except httpx.HTTPError:
-            pass
+            progress.observe(f"{url}: HTTP {answer.status_code}")
+        except httpx.HTTPError as exc:
+            progress.observe(f"{url}: {type(exc).__name__}")
         if _podman("inspect", "--format", "{{.State.Running}}", served.name, check=False).stdout.strip() != "true":
             return False
         time.sleep(0.3)

