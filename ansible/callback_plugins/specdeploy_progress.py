@@ -15,6 +15,7 @@ output. A controller whose Python lacks specdeploy gets a warning and the defaul
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any
 
 from ansible.plugins.callback import CallbackBase
@@ -47,6 +48,8 @@ class CallbackModule(CallbackBase):
         self._task = ""
         self._step: Any = None
         self._running: list[str] = []
+        # ansible-core calls some of these on its results thread, others on the main one
+        self._lock = threading.RLock()
         if progress is None:
             self._display.warning("specdeploy_progress: specdeploy is not importable here; no progress lines")
 
@@ -57,15 +60,21 @@ class CallbackModule(CallbackBase):
         sys.stdout.flush()  # Ansible lets the system flush: into a pipe or a log that is minutes late
 
     def _begin(self, name: str) -> None:
-        self._end()
-        self._task, self._running = name, []
+        with self._lock:
+            self._end()
+            self._task, self._running = name, []
 
     def _end(self) -> None:
-        if self._step is not None:
-            self._step.stop()
-            self._step = None
+        with self._lock:
+            if self._step is not None:
+                self._step.stop()
+                self._step = None
 
     def _seen(self, host: str, what: str, *, done: bool) -> None:
+        with self._lock:
+            self._see(host, what, done=done)
+
+    def _see(self, host: str, what: str, *, done: bool) -> None:
         if done and host in self._running:
             self._running.remove(host)
         if progress is None:
@@ -79,9 +88,12 @@ class CallbackModule(CallbackBase):
                 self._end()
 
     @staticmethod
-    def _message(result: Any) -> str:
+    def _message(result: Any, *, output_first: bool = False) -> str:
+        """The last line a result says: the module's message, else a command's stderr or stdout; for a retry
+        the output first (a retried probe says there what it waits for; its `msg` is "non-zero return code")."""
         answer = result.result if hasattr(result, "result") else result._result
-        text = answer.get("msg") or answer.get("stderr") or answer.get("stdout") or ""
+        keys = ("stderr", "stdout", "msg") if output_first else ("msg", "stderr", "stdout")
+        text = next((answer[k] for k in keys if answer.get(k)), "")
         return str(text).strip().splitlines()[-1] if str(text).strip() else ""
 
     @staticmethod
@@ -105,8 +117,9 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_on_start(self, host: Any, task: Any) -> None:
         name = host.get_name()
-        self._running.append(name)
-        self._seen(name, "started", done=False)
+        with self._lock:
+            self._running.append(name)
+            self._see(name, "started", done=False)
 
     def v2_runner_on_ok(self, result: Any, **_: Any) -> None:
         answer = result.result if hasattr(result, "result") else result._result
@@ -124,7 +137,7 @@ class CallbackModule(CallbackBase):
     def v2_runner_retry(self, result: Any) -> None:
         answer = result.result if hasattr(result, "result") else result._result
         attempt = f"attempt {answer.get('attempts')} did not succeed"
-        said = self._message(result)
+        said = self._message(result, output_first=True)
         self._seen(self._host(result), f"{attempt}{': ' + said if said else ''}", done=False)
 
     def v2_runner_item_on_ok(self, result: Any) -> None:

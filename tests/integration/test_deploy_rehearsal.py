@@ -74,7 +74,7 @@ def _playbook(
     profile: str = "cpu-rehearsal",
     profiles: Path = ROOT / "profiles",
     options: tuple[str, ...] = (),
-) -> tuple[subprocess.CompletedProcess[str], dict | None]:
+) -> tuple[progress.Timed, dict | None]:
     """One play, and its own gate report from the host (None when it never reached the gate).
     The engine's API key comes from an ansible-vault file, as a site keeps it."""
     run_id = new_run_id()

@@ -89,7 +89,7 @@ class Site(migration.Move):
     rig: Rig | None = None
     pem: Path | None = None
 
-    def play(self, limit: str, *extra: str, **_: object) -> subprocess.CompletedProcess[str]:
+    def play(self, limit: str, *extra: str, **_: object) -> progress.Timed:
         """deploy.yml as the site runs it, with the rig's pinned profile."""
         assert self.rig is not None
         return super().play(limit, *extra, profile=PROFILE, profiles=self.rig.profiles)

@@ -44,7 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.rehearsal_host import API_KEY, MODELS
 from tests.support.testhost import Host
 
-from specdeploy.core import layout
+from specdeploy.core import layout, progress
 from specdeploy.core.keeper import new_run_id
 from specdeploy.profile import load_profile, resolve_profile_path
 from specdeploy.rehearsal import deploy, fixtures
@@ -86,7 +86,7 @@ def _served_profile(host: Host) -> str | None:
 
 def _playbook(
     host: Host, wheelhouse: Path, weights: Path, profile: str, *options: str, hook: bool = True
-) -> subprocess.CompletedProcess[str]:
+) -> progress.Timed:
     """A play as test_deploy_rehearsal.py runs one: the same site directory (its lock) beside the
     inventory, and (`hook`) the hook as a site sets it in its inventory (a list, the program first;
     JSON, since `-e key=value` would make it a string)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tests.support import canary
 
+from specdeploy.core import progress
 from specdeploy.core.keeper import new_run_id
 from specdeploy.profile import load_profile
 from specdeploy.rehearsal import deploy, engine_image, hosts, hub, registry
@@ -119,7 +120,7 @@ def _play_argv(
 
 def play(
     rig: Rig, *, profiles: Path | None = None, images: dict[str, str] | None = None, vars_file: Path | None = None
-) -> tuple[subprocess.CompletedProcess[str], dict | None]:
+) -> tuple[progress.Timed, dict | None]:
     """One play (-vvv, kept for the canary search), and its own gate report from the host."""
     run_id = new_run_id()
     run = deploy.run_playbook(_play_argv(rig, run_id, profiles, images, vars_file), capture=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import re
 import subprocess
@@ -55,7 +56,8 @@ def period() -> float:
 def clean(text: str) -> str:
     """One observation as shown: escape sequences and control characters dropped (a program's colours,
     a carriage-return progress bar's last frame), runs of blanks made one, cut to `LIMIT`."""
-    shown = " ".join(_CONTROL.sub(" ", text.rsplit("\r", 1)[-1] if text.strip("\r") else text).split())
+    frames = [f for f in text.rstrip("\r\n").split("\r") if f.strip()]
+    shown = " ".join(_CONTROL.sub(" ", frames[-1] if frames else "").split())
     return shown if len(shown) <= LIMIT else shown[: LIMIT - 1] + "…"
 
 
@@ -97,6 +99,7 @@ class _Live:
                 self._progress = Progress(
                     SpinnerColumn(), TextColumn("[bold]{task.description}"), TimeElapsedColumn(),
                     TextColumn("{task.fields[last]}", markup=False), console=Console(stderr=True), transient=True,
+                    redirect_stdout=False,  # a command's result (JSON) on stdout stays there
                 )  # fmt: skip
                 self._progress.start()
             self._users += 1
@@ -119,7 +122,11 @@ _live = _Live()
 class Step:
     """One long step: `with Step("engine image") as step: ... step.observe(text)`. While it runs, a
     daemon thread prints `line(...)` every `period()`; it says how it ended when `announce` (a play's
-    tasks do not: Ansible prints their result). `write` receives each line (default: stderr)."""
+    tasks do not: Ansible prints their result). `write` receives each line (default: stderr).
+
+    A step begun inside another (`parent`: `step()` passes the current one) prints nothing itself: what
+    it observes goes to its parent as `name: text`, so a booting host inside the main job's preparation
+    is one line every period, not two."""
 
     def __init__(
         self,
@@ -128,8 +135,10 @@ class Step:
         write: Callable[[str], None] | None = None,
         announce: bool = True,
         every: float | None = None,
+        parent: Step | None = None,
     ) -> None:
         self.name = name
+        self.parent = parent
         self.every = every if every is not None else period()
         self.announce = announce
         # rich's live display where a person watches (and no one asked for lines), else plain lines
@@ -155,7 +164,9 @@ class Step:
     def observe(self, text: str) -> None:
         """What the step last saw (a program's line, a task, a host's answer); blank text is ignored."""
         shown = clean(text)
-        if shown:
+        if shown and self.parent is not None:
+            self.parent.observe(f"{self.name}: {shown}")
+        elif shown:
             with self._lock:
                 self._last = shown
                 if self._task is not None:
@@ -165,6 +176,8 @@ class Step:
     def start(self) -> Step:
         self.started = time.monotonic()
         self._done.clear()
+        if self.parent is not None:
+            return self
         if self._rich:
             self._task = _live.add(self.name)
             return self
@@ -176,10 +189,13 @@ class Step:
         self._done.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        if self.parent is not None:
+            return
         ended = f"{time.strftime('%H:%M:%S')} {self.name}: {'done' if ok else 'failed'} after {duration(self.elapsed)}"
-        if self._task is not None:
-            _live.remove(self._task[1], ended if self.announce else "")
-            self._task = None
+        with self._lock:  # a late observe (a pump outliving its join) must not update a removed task
+            task, self._task = self._task, None
+        if task is not None:
+            _live.remove(task[1], ended if self.announce else "")
         elif self.announce:
             self._write(ended)
 
@@ -198,8 +214,27 @@ class Step:
 
 
 def step(name: str, **options: Any) -> Step:
-    """`with progress.step("hub image"):` — the step `observe` and `run` feed in this thread."""
+    """`with progress.step("hub image"):` — the step `observe` and `run` feed in this thread; inside
+    another step (and printing where it does), one that reports to it."""
+    parent = _current.get()
+    if parent is not None and "write" not in options:
+        return Step(name, parent=parent, **options)
     return Step(name, **options)
+
+
+def stepped(name: Callable[..., str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A function that is one long step each time it runs: `@progress.stepped(lambda name, *_, **__:
+    f"booting {name}")` (the step's name from the call's arguments)."""
+
+    def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def stepped_call(*args: Any, **kwargs: Any) -> Any:
+            with step(name(*args, **kwargs)):
+                return function(*args, **kwargs)
+
+        return stepped_call
+
+    return wrap
 
 
 def current() -> Step | None:
@@ -223,12 +258,28 @@ class Timed:
     returncode: int
     stdout: str
     stderr: str
-    times: list[float] = field(default_factory=list)
+    # (time, line) of every line printed, both streams in the order they came; None: not captured
+    lines: list[tuple[float, str]] | None = field(default_factory=list)
     ended: float = 0.0
+
+    @property
+    def times(self) -> list[float]:
+        return [t for t, _ in self._captured()]
 
     @property
     def longest_silence(self) -> float:
         return longest_silence(self.times, self.ended)
+
+    def silence_after(self) -> tuple[float, str]:
+        """The longest silence and the line it followed ("(the start)" when none came before)."""
+        marks = [(0.0, "(the start)"), *self._captured()]
+        ends = [t for t, _ in marks[1:]] + [self.ended]
+        return max(((end - t, text) for (t, text), end in zip(marks, ends, strict=True)), key=lambda g: g[0])
+
+    def _captured(self) -> list[tuple[float, str]]:
+        if self.lines is None:
+            raise ValueError("this run's output was not captured: it has no line times")
+        return self.lines
 
 
 def longest_silence(times: list[float], ended: float) -> float:
@@ -238,10 +289,12 @@ def longest_silence(times: list[float], ended: float) -> float:
     return max(b - a for a, b in zip(marks, marks[1:], strict=False))
 
 
-def _pump(pipe: IO[bytes], chunks: list[str], times: list[float], started: float, seen: Callable[[str], None]) -> None:
+def _pump(
+    pipe: IO[bytes], chunks: list[str], lines: list[tuple[float, str]], started: float, seen: Callable[[str], None]
+) -> None:
     for raw in iter(pipe.readline, b""):
         text = raw.decode(errors="replace")
-        times.append(time.monotonic() - started)
+        lines.append((time.monotonic() - started, text.rstrip("\n")))  # list.append: safe across the pumps
         chunks.append(text)
         seen(text)
     pipe.close()
@@ -282,11 +335,11 @@ def timed_run(
     assert proc.stdout is not None and proc.stderr is not None
     out: list[str] = []
     err: list[str] = []
-    times: list[float] = []
+    lines: list[tuple[float, str]] = []
     streams = ((proc.stdout, out, echo_stdout), (proc.stderr, err, True))
     pumps = [
         threading.Thread(
-            target=_pump, args=(pipe, kept, times, started, lambda t, shown=shown: seen(t, shown=shown)), daemon=True
+            target=_pump, args=(pipe, kept, lines, started, lambda t, shown=shown: seen(t, shown=shown)), daemon=True
         )
         for pipe, kept, shown in streams
     ]
@@ -306,7 +359,7 @@ def timed_run(
     finally:
         for pump in pumps:
             pump.join(timeout=10)
-    return Timed(code, "".join(out), "".join(err), times, time.monotonic() - started)
+    return Timed(code, "".join(out), "".join(err), sorted(lines, key=lambda item: item[0]), time.monotonic() - started)
 
 
 def run(argv: list[str], *, check: bool = True, keep: int = 40, **options: Any) -> subprocess.CompletedProcess[str]:

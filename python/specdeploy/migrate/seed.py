@@ -31,6 +31,7 @@ from typing import IO, Any, Protocol
 
 from specdeploy.core import files
 from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.progress import observe
 from specdeploy.profile import Profile
 from specdeploy.profile.lock import Lock, files_key, recorded_files
 from specdeploy.weights.fetch import models_of
@@ -241,12 +242,14 @@ def seed(
 
 
 def _one(old: Side, new: Side, item: SeedFile, result: SeedResult, progress: Callable[[int], None]) -> None:
+    observe(f"verifying {item.path} on {new.name} (sha256 of what is there)")
     if new.sha256(item.path) == item.sha256:
         result.files.append({"path": item.path, "action": "already verified", "bytes_copied": 0})
         return
     new.makedirs(posixpath.dirname(item.path))
     resumed = new.size(item.path + PART) or 0
     copied = _copy(old, new, item, progress)
+    observe(f"verifying the copy of {item.path} on {new.name}")
     found = new.sha256(item.path + PART)
     if found != item.sha256 and resumed:  # the part was no prefix of OLD's file: once more from byte 0
         with new.appender(item.path + PART) as f:

@@ -289,9 +289,10 @@ def build_once(profile: Profile, *, wheels: Path, site: Any, site_lock: Path) ->
         profile, context=checkout(), wheels=wheels, lock=builder_lock, cert_dir=site.cert_dir
     )
     print(f"pushing the engine image to the rehearsal's registry {site.address}", file=sys.stderr)
-    digest = push.push(
-        profile, lock=builder_lock, registry=site.address, podman=hosts.PODMAN, cert_dir=site.cert_dir
-    ).digest
+    with progress.step(f"pushing the engine image to {site.address}"):
+        digest = push.push(
+            profile, lock=builder_lock, registry=site.address, podman=hosts.PODMAN, cert_dir=site.cert_dir
+        ).digest
     lock = Lock(site_lock)
     recorded = lock.value(profile.name, push.DIGEST_KEY)
     if recorded is not None and recorded != digest:
@@ -354,8 +355,8 @@ def run_playbook(argv: list[str], *, capture: bool) -> progress.Timed:
     env = {**os.environ, "ANSIBLE_CONFIG": str(checkout() / "ansible" / "ansible.cfg")}
     if capture:
         return progress.timed_run(argv, cwd=checkout() / "ansible", env=env)
-    done = subprocess.run(argv, cwd=checkout() / "ansible", env=env)
-    return progress.Timed(done.returncode, "", "")
+    done = subprocess.run(argv, cwd=checkout() / "ansible", env=env)  # on the terminal, Ansible's colours kept
+    return progress.Timed(done.returncode, "", "", lines=None)  # no line times: .longest_silence refuses
 
 
 def task_events(output: str) -> list[tuple[str, str, str]]:

@@ -46,6 +46,7 @@ def debootstrap_image(suite: str, packages: tuple[str, ...], name: str) -> str:
     return image
 
 
+@progress.stepped(lambda archive, image, *_: f"image {image}")
 def _import_debootstrapped(archive: Path, image: str, suite: str, packages: tuple[str, ...]) -> None:
     if not archive.exists():
         archive.parent.mkdir(parents=True, exist_ok=True)
@@ -171,6 +172,7 @@ def mac_for(ip: str) -> str:
     return ":".join(f"{b:02x}" for b in (0x02, 0x5D, *octets))
 
 
+@progress.stepped(lambda name, *_, **__: f"booting the test host {name}")
 def start(
     name: str,
     ssh_port: int,
