@@ -134,12 +134,11 @@ class Step:
         *,
         write: Callable[[str], None] | None = None,
         announce: bool = True,
-        every: float | None = None,
         parent: Step | None = None,
     ) -> None:
         self.name = name
         self.parent = parent
-        self.every = every if every is not None else period()
+        self.every = period()
         self.announce = announce
         # rich's live display where a person watches (and no one asked for lines), else plain lines
         self._rich = write is None and sys.stderr.isatty()
@@ -235,10 +234,6 @@ def stepped(name: Callable[..., str]) -> Callable[[Callable[..., Any]], Callable
         return stepped_call
 
     return wrap
-
-
-def current() -> Step | None:
-    return _current.get()
 
 
 def observe(text: str) -> None:

@@ -95,13 +95,6 @@ def wheelhouse(*profiles: str) -> Path:
     return filled
 
 
-def _fill(argv: list[str], env: dict[str, str]) -> None:
-    """scripts/wheelhouse.sh: its messages shown, each line (pip's too) feeding the current step."""
-    done = progress.timed_run(argv, env=env, echo=sys.stderr, echo_stdout=False)
-    if done.returncode != 0:
-        raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
-
-
 def _fill_wheelhouse(dest: Path, root: Path, profiles: tuple[str, ...]) -> Path:
     env = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
     script = ["bash", str(root / "scripts" / "wheelhouse.sh"), str(dest)]
@@ -110,9 +103,10 @@ def _fill_wheelhouse(dest: Path, root: Path, profiles: tuple[str, ...]) -> Path:
         spec = engine.requirement()
         if spec and not (dest / "engines" / f"{engine.archive_name()}.tar").is_file():
             print(f"wheelhouse: downloading the engine {spec} (once)", file=sys.stderr)
-            _fill([*script, "--engine", spec], env)
+            progress.run([*script, "--engine", spec], env=env, echo=sys.stderr, echo_stdout=False)
     if not (dest / ".complete").exists():
-        _fill(script, env)
+        # its messages shown as they come; each line (pip's too) feeds the current step
+        progress.run(script, env=env, echo=sys.stderr, echo_stdout=False)
         (dest / ".complete").touch()
         return dest
     with tempfile.TemporaryDirectory() as tmp:
