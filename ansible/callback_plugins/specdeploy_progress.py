@@ -81,11 +81,13 @@ class CallbackModule(CallbackBase):
             return
         if self._step is None and (self._running or not done):
             self._step = progress.Step(f"TASK [{self._task}]", write=self._write, announce=False).start()
-        if self._step is not None:
-            waiting = f"; waiting on {', '.join(self._running)}" if self._running else ""
-            self._step.observe(f"{host}: {what}{waiting}")
-            if not self._running:  # every host that started it has answered
-                self._end()
+        if self._step is None:
+            return
+        if done and not self._running:  # every host that started it has answered: the default output says how
+            self._end()
+            return
+        waiting = f"; waiting on {', '.join(self._running)}" if self._running else ""
+        self._step.observe(f"{host}: {what}{waiting}")
 
     @staticmethod
     def _message(result: Any, *, output_first: bool = False) -> str:
