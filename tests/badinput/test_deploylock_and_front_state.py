@@ -171,6 +171,24 @@ def test_gate_as_unit_refuses_a_run_id_no_unit_can_be_named_by(run: Run, state: 
     assert not (state / "runs").exists()
 
 
+# ------------------------------------------------------------------------------------------ gate-wait
+
+
+@pytest.mark.parametrize(
+    ("args", "expected", "fix"),
+    [
+        (["--run-id", "../x"], "--run-id '../x'", "letters"),
+        (["--run-id", "run-1", "--for", "-1"], "--for: expected seconds >= 0, found -1", "leave it out"),
+        (["--run-id", "run-1", "--for", "nan"], "--for: expected seconds >= 0, found nan", "leave it out"),
+    ],
+)
+def test_gate_wait_refuses_a_bad_run_id_or_wait_before_looking(
+    run: Run, state: Path, args: list[str], expected: str, fix: str
+) -> None:
+    run("gate-wait", "--state-dir", state, *args).expect(2, expected, fix=fix)
+    assert not (state / "runs").exists()
+
+
 # ------------------------------------------------------------------------------------------ cdi keep
 
 

@@ -137,9 +137,20 @@ def test_exactly_one_task_reads_the_profile_and_every_role_uses_its_facts() -> N
     assert "from_json).engine" not in roles_text and "profile show" not in roles_text
 
 
-def test_the_smoke_gate_role_is_one_call_to_specdeploy_gate() -> None:
-    commands = [_argv(task) for role, task in _tasks() if role == "smoke_gate" and "ansible.builtin.command" in task]
-    assert len(commands) == 1 and commands[0][1] == "gate", commands
+def test_the_smoke_gate_role_starts_specdeploy_gate_as_its_unit_and_waits_for_it_in_short_looks() -> None:
+    """The role's logic is the package's: one `gate --as-unit --detach`, then `gate-wait --for` retried
+    until it exits other than gate.running_exit (75: still running), its retries and look bounded by the facts."""
+    tasks = [task for role, task in _tasks() if role == "smoke_gate" and "ansible.builtin.command" in task]
+    commands = [_argv(task) for task in tasks]
+    assert [c[1] for c in commands] == ["gate", "gate-wait"], commands
+    assert commands[0][-2:] == ["--as-unit", "--detach"]
+    wait = tasks[1]
+    assert commands[1][-2:] == ["--for", "{{ specdeploy_facts.gate.wait_s }}"]
+    assert (
+        wait["until"] == "smoke_gate_result.rc != specdeploy_facts.gate.running_exit"
+        and wait["register"] == "smoke_gate_result"
+    )
+    assert wait["retries"] == "{{ specdeploy_facts.gate.attempts }}"
     gate_yaml = (ROOT / "ansible" / "roles" / "smoke_gate" / "tasks" / "main.yml").read_text()
     assert "from_json" not in gate_yaml and "slurp" not in gate_yaml  # parses nothing
 

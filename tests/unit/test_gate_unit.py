@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -156,3 +157,71 @@ def test_as_unit_refuses_a_run_id_no_unit_can_be_named_by_and_a_host_without_sys
     assert done.exit_code == 2, done.output
     assert expected in " ".join(done.output.split())
     assert not (state / "runs" / run_id).exists()  # nothing started
+
+
+# ------------------------------------------------------------------ detached: what a deploy's play does
+
+
+def test_a_detached_gate_returns_at_once_and_each_short_wait_names_the_check_it_runs_until_its_report(
+    tmp_path: Path,
+) -> None:
+    """The deploy's two tasks (issue 37, no silent minutes): `gate --as-unit --detach` starts the unit and
+    returns; `gate-wait --for S` exits 75 while it runs with one line naming the gate's current check (its
+    own progress line, kept in <run dir>/gate.progress), which the play prints as the task's retry; the
+    wait that finds it ended prints the report and exits with the gate's code."""
+    bin_dir, _ = _stand_ins(tmp_path)
+    state = tmp_path / "state"
+    state.mkdir()
+    env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SPECDEPLOY_PROGRESS_PERIOD_S": "0.3"}
+    argv = _gate_argv(state, "run-5", "--detach")
+    argv[argv.index("--readiness-timeout") + 1] = "8"
+    argv[argv.index("--endpoint") + 1] = "http://127.0.0.1:9/"  # a base URL nothing listens on: readiness waits
+    began = time.monotonic()
+    started = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert started.returncode == 0, started.stderr
+    assert json.loads(started.stdout) == {
+        "run_id": "run-5", "unit": "specdeploy-gate-run-5.service", "detached": True,
+        "report": str(state / "runs" / "run-5" / "gate.json"),
+    }  # fmt: skip
+    assert time.monotonic() - began < 8  # it did not wait for the gate
+    wait = [sys.executable, "-m", "specdeploy", "gate-wait", "--run-id", "run-5", "--state-dir", str(state)]
+    said = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        look = subprocess.run([*wait, "--for", "0.5"], capture_output=True, text=True, env=env, timeout=60)
+        if look.returncode != 75:
+            break
+        said.append(look.stdout.strip())
+    assert said, "the gate ended before any wait saw it running"
+    assert all(line.startswith("unit active; ") and "\n" not in line for line in said), said
+    assert any(re.search(r"\d\d:\d\d:\d\d gate: \d+s, last: smoke: readiness: tiny-qwen3 not served yet", line)
+               for line in said), said  # fmt: skip
+    assert look.returncode == 2, look.stdout + look.stderr  # the gate's own: could not test
+    assert "gate: error (exit 2)" in look.stdout  # the report's table
+    again = subprocess.run([*wait, "--json"], capture_output=True, text=True, env=env, timeout=60)
+    assert again.returncode == 2 and json.loads(again.stdout)["unit"] == "specdeploy-gate-run-5.service"
+
+
+def test_waiting_for_a_run_no_gate_was_started_for_is_an_error_naming_the_run(cli: Any, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    bin_dir, _ = _stand_ins(tmp_path)
+    old_path = os.environ["PATH"]
+    os.environ["PATH"] = f"{bin_dir}:{old_path}"
+    try:
+        done = cli("gate-wait", "--run-id", "run-6", "--state-dir", state, "--for", "0")
+    finally:
+        os.environ["PATH"] = old_path
+    assert done.exit_code == 2, done.output
+    text = " ".join(done.output.split())
+    assert "no gate runs for run run-6: there is no unit specdeploy-gate-run-6.service and no report" in text
+    assert "gate --as-unit --detach --run-id ID" in text
+
+
+def test_detach_without_as_unit_is_refused_before_anything(cli: Any, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    done = cli("gate", "--profile", "cpu-rehearsal", "--run-id", "run-7", "--state-dir", state, "--detach")
+    assert done.exit_code == 2, done.output
+    assert "--detach: expected together with --as-unit, found alone" in " ".join(done.output.split())
+    assert not (state / "runs" / "run-7").exists()

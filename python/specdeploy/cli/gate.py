@@ -14,6 +14,7 @@ from specdeploy.cli import base, output
 from specdeploy.cli.smoke import print_smoke
 from specdeploy.core import keeper, layout
 from specdeploy.core.errors import UsageError
+from specdeploy.core.verdicts import EXIT_RUNNING
 from specdeploy.profile import load_profile, resolve_profile_path
 
 EXIT_NOT_RESTORED = 4  # docs/commands.md "Exit codes": the gate failed and no stack was proven to serve (gate.run)
@@ -99,6 +100,14 @@ def gate(
             "this command leaves the gate to finish (its report, its rollback); the deploy passes it",
         ),
     ] = False,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            help="with --as-unit: start the gate's unit and return at once (exit 0); `specdeploy gate-wait` waits "
+            "for it and says which check it runs (the deploy does this)",
+        ),
+    ] = False,
     as_json: base.JsonOpt = False,
 ) -> None:
     """Gate a deployed stack: the DFlash startup-log check, the smoke checks and, on failure,
@@ -122,6 +131,12 @@ def gate(
             f"--readiness-timeout: expected a number of seconds > 0, found {readiness_timeout:g}",
             hint="pass --readiness-timeout a positive number of seconds (the profile's smoke.readiness_timeout_s "
             "when left out)",
+        )
+    if detach and not as_unit:
+        raise UsageError(
+            "--detach: expected together with --as-unit, found alone: only a gate running as its own unit can "
+            "be left to run",
+            hint="pass --as-unit --detach, then `specdeploy gate-wait --run-id ID`; or leave out --detach",
         )
     if as_unit:
         _gate_as_unit(locals(), as_json)
@@ -167,10 +182,73 @@ def _gate_as_unit(given: dict[str, Any], as_json: bool) -> None:
     if given["light_if_unchanged"]:
         argv.append("--light-if-unchanged")
     report_path = host.gate_report(run_id)
+    if given["detach"]:
+        name = gate_unit.start(argv, run_id)
+        started = {"run_id": run_id, "unit": name, "report": str(report_path), "detached": True}
+        output.emit(
+            started,
+            as_json,
+            lambda: output.out.print(
+                f"gate: started as {name}; `specdeploy gate-wait --run-id {run_id}` waits for its verdict "
+                f"(journalctl -u {name})",
+                markup=False,
+            ),
+        )
+        return
     report = gate_unit.run(argv, run_id, report_path, progress=lambda line: output.err.print(line, markup=False))
+    _emit_unit_report(report, run_id, report_path, as_json)
+
+
+def _emit_unit_report(report: dict[str, Any], run_id: str, report_path: Path, as_json: bool) -> None:
+    from specdeploy.gate import unit as gate_unit
+
     data = report | {"report": str(report_path), "unit": gate_unit.unit_name(run_id)}
     output.emit(data, as_json, lambda: print_gate(data))
     raise typer.Exit(int(report.get("exit_code", 2)))
+
+
+def gate_wait(
+    run_id: Annotated[str, typer.Option("--run-id", help="the run whose gate was started with --as-unit")],
+    state_dir: base.StateDirOpt = None,
+    wait_for: Annotated[
+        float | None,
+        typer.Option(
+            "--for",
+            help="seconds to wait at most, then exit 75 with one line on what the gate does now (default: until "
+            "it ends)",
+        ),
+    ] = None,
+    as_json: base.JsonOpt = False,
+) -> None:
+    """Wait for the gate of run ID, started as its unit (`gate --as-unit --detach`), and print its report.
+
+    Exit: the gate's own (0 pass, 1 fail, 2 could not test, 3 inconclusive, 4 not restored, 130
+    interrupted) once it has ended; 75 when it still runs after --for seconds, with one line naming its
+    unit and its last progress line (the check it runs and how far it is); 2 when the unit ended without
+    a finished report, or no gate runs for that run id. Killing this command never stops the gate."""
+    from specdeploy.gate import unit as gate_unit
+
+    if wait_for is not None and not wait_for >= 0:
+        raise UsageError(
+            f"--for: expected seconds >= 0, found {wait_for:g}",
+            hint="pass --for a number of seconds, or leave it out to wait until the gate ends",
+        )
+    host = base.host_layout(None, None, state_dir)
+    report_path = host.gate_report(run_id)
+    report = gate_unit.wait(
+        run_id,
+        report_path,
+        for_s=wait_for,
+        progress_path=host.gate_progress(run_id),
+        # waiting to the end, a line every 15 s; a short look says one line, its answer, once
+        progress=(lambda line: output.err.print(line, markup=False)) if wait_for is None else None,
+    )
+    if report is None:
+        state = gate_unit.unit_state(run_id)
+        line = gate_unit.now(run_id, report_path, host.gate_progress(run_id), state)
+        output.emit({"run_id": run_id, "running": True, "now": line}, as_json, lambda: print(line, flush=True))
+        raise typer.Exit(EXIT_RUNNING)
+    _emit_unit_report(report, run_id, report_path, as_json)
 
 
 def served_identity(
@@ -217,4 +295,5 @@ def served_identity(
 
 def register(app: typer.Typer) -> None:
     app.command("gate")(gate)
+    app.command("gate-wait")(gate_wait)
     app.command("served-identity")(served_identity)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from specdeploy.core import atomic
-from specdeploy.core.errors import SpecdeployError
+from specdeploy.core.errors import EXIT_TEMPFAIL, SpecdeployError
 
 LOCK_NAME = "deploy.lock"
 ENV_RUN = "SPECDEPLOY_DEPLOY_RUN"  # the run id of the play a verb runs under
@@ -52,7 +52,7 @@ PROGRESS_S = 15.0
 class DeployLockHeld(SpecdeployError):
     """Another deploy holds this host."""
 
-    exit_code = 75  # EX_TEMPFAIL: try again later
+    exit_code = EXIT_TEMPFAIL  # try again later
 
 
 @dataclasses.dataclass(frozen=True)

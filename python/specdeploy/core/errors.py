@@ -12,6 +12,9 @@ from typing import Any
 
 EXIT_INTERNAL = 70  # an unexpected exception: a bug in specdeploy (sysexits' EX_SOFTWARE)
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM before the command finished
+# sysexits' EX_TEMPFAIL, "try again later": another deploy holds the host (core.deploylock), or
+# `gate-wait --for S` found the gate still running (core.verdicts.EXIT_RUNNING)
+EXIT_TEMPFAIL = 75
 
 
 class SpecdeployError(Exception):

@@ -47,6 +47,9 @@ UNIT_NAME = "specdeploy-engine"
 # pruning, the migration and the rehearsal read it, each through here (issue 37: a literal in a lower
 # stage was a dependency on the gate that the layering test could not see).
 GATE_REPORT = "gate.json"
+# The gate's last progress line (what it is doing now), beside its report while it runs: a deploy
+# that waits for a gate running as a unit reads it (gate.unit), so its play says which check runs
+GATE_PROGRESS = "gate.progress"
 # Where a container engine's port is published on the host, always: vLLM's API key guards only its
 # /v1-style routes, so /metrics, /tokenize and /invocations must never reach the network. Behind a
 # front, the host's listener takes its internal address (`specdeploy_publish_host`, front/listener.py).
@@ -183,6 +186,10 @@ class HostLayout:
     def gate_report(self, run_id: str) -> Path:
         """The gate's report of run `run_id`."""
         return self.run_dir(run_id) / GATE_REPORT
+
+    def gate_progress(self, run_id: str) -> Path:
+        """The last progress line of run `run_id`'s gate (GATE_PROGRESS)."""
+        return self.run_dir(run_id) / GATE_PROGRESS
 
     @property
     def verified_gate_report(self) -> Path:

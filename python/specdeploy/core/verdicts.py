@@ -30,7 +30,7 @@ from enum import StrEnum
 from types import FrameType
 from typing import Any
 
-from specdeploy.core.errors import EXIT_INTERRUPTED
+from specdeploy.core.errors import EXIT_INTERRUPTED, EXIT_TEMPFAIL
 
 
 class Verdict(StrEnum):
@@ -52,6 +52,10 @@ EXIT_CODES: dict[Verdict, int] = {
     Verdict.interrupted: EXIT_INTERRUPTED,
     Verdict.running: EXIT_INTERRUPTED,
 }
+
+# `gate-wait --for S` while the gate still runs (EX_TEMPFAIL: look again): a process waiting on a
+# running gate, never a report's code; the deploy's wait task retries until it sees another
+EXIT_RUNNING = EXIT_TEMPFAIL
 
 # Which verdict of several decides: a failure beats could-not-test beats inconclusive.
 _PRECEDENCE = (Verdict.failed, Verdict.error, Verdict.inconclusive)

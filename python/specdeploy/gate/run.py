@@ -30,13 +30,14 @@ import dataclasses
 import datetime as dt
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import atomic, files, keeper, layout
+from specdeploy.core import atomic, files, keeper, layout, progress
 from specdeploy.core.errors import EXIT_INTERNAL, SpecdeployError, UsageError, WriteError
 from specdeploy.core.verdicts import EXIT_CODES, Interrupted, Stage, Verdict, sigterm_interrupts
 from specdeploy.drafter import verify
@@ -307,6 +308,23 @@ def _prune(host: layout.HostLayout, keep: int = KEEP_RUNS) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def _progress(host: layout.HostLayout, run_id: str, options: GateOptions) -> contextlib.AbstractContextManager[Any]:
+    """Where no terminal shows the smoke's bars (the gate as a unit, a deploy's), a progress step
+    (core.progress): a line at least every 20 s to stderr (the unit's journal) naming the check that runs
+    and how far it is, the last one also kept in `<run dir>/gate.progress` for `gate-wait` to show."""
+    if options.show_progress:
+        return contextlib.nullcontext()
+    path = host.gate_progress(run_id)
+
+    def write(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):  # a line not kept is a staler `gate-wait`, never a failed gate
+            atomic.write_bytes(path, f"{text}\n".encode(), REPORT_MODE)
+
+    write(progress.line("gate", 0, "started"))
+    return progress.Step("gate", write=write)
+
+
 def run_gate(
     profile_file: Path,
     host: layout.HostLayout,
@@ -320,7 +338,7 @@ def run_gate(
     report = GateReport(run_id, profile_file.stem, str(profile_file), options.endpoint or "", _claim(host, run_id))
     report.write()
     try:
-        with sigterm_interrupts():
+        with sigterm_interrupts(), _progress(host, run_id, options):
             log_text = _read_startup_log(options.log_file) if options.log_file is not None else None
             profile = load_profile(profile_file)
             report.profile = profile.name
@@ -456,6 +474,7 @@ def _gate(
     log_text: str | None = None,
 ) -> None:
     if options.log_file is None:  # the host's own unit: never judge the run a queued restart is replacing
+        progress.observe(f"waiting for {options.unit} to settle (no restart queued)")
         report.unit_settled = (
             startup_log.wait_settled(options.unit, options.readiness_timeout_s or profile.smoke.readiness_timeout_s)
             or "settled"
@@ -466,6 +485,7 @@ def _gate(
             _gate_unchanged(report, profile, options, since)
             report.write()
             return
+    progress.observe("checking the served drafter config and the startup log")
     report.served_config = _check_served_config(profile, host)
     if problem := endpoint_problem(report.endpoint):  # the smoke's readiness says why, at once
         report.startup_log = {"ok": True, "skipped": True, "message": f"not checked: the endpoint {problem}"}
@@ -526,6 +546,7 @@ def _gate(
         return
     report.rolling_back = True
     report.write()
+    progress.observe(f"{what}: restoring the previous stack and proving it serves")
     try:
         outcome = prove(host, report.run_id)
     except Exception as exc:  # any failure to restore leaves the host without a proven stack: exit 4

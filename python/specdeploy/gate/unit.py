@@ -10,6 +10,12 @@ the stack fails, the rollback with its proof. The caller only watches: it prints
 every `PROGRESS_S` seconds while the unit runs, then the unit's report, and exits with the report's
 exit code; killed, it leaves the unit running to its end.
 
+A deploy starts the unit and returns at once (`gate --as-unit --detach`), then waits for it in short
+looks (`gate-wait --run-id ID --for S`, exit `EXIT_RUNNING` while it runs): each look that finds it
+running prints the gate's own last progress line (`<run dir>/gate.progress`: the check it runs and
+how far it is), which the play shows as the task's retry, so a 20-minute gate says what it is doing
+instead of "waiting on HOST" (issue 37).
+
 The unit's output goes to the journal (`journalctl -u specdeploy-gate-<run id>`), never to the
 caller's pipe: a gate writing to a pipe whose reader died would itself die of it.
 """
@@ -25,7 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specdeploy.core import deploylock, keeper
+from specdeploy.core import deploylock, keeper, layout
+from specdeploy.core import progress as steps
 from specdeploy.core.errors import SpecdeployError, UsageError
 from specdeploy.host import command
 
@@ -69,6 +76,11 @@ def _state(name: str, systemctl: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
 
 
+def unit_state(run_id: str, systemctl: str = SYSTEMCTL) -> dict[str, str]:
+    """systemd's state of the gate unit of `run_id` (ActiveState, SubState, Result, ...)."""
+    return _state(unit_name(run_id), systemctl)
+
+
 def _finished(state: dict[str, str]) -> bool:
     return state.get("LoadState") == "not-found" or state.get("ActiveState") in ("inactive", "failed")
 
@@ -81,25 +93,13 @@ def _read_report(path: Path) -> dict[str, Any] | None:
     return report if isinstance(report, dict) else None
 
 
-def run(
-    argv: list[str],
-    run_id: str,
-    report_path: Path,
-    *,
-    progress: Callable[[str], None] | None = None,
-    systemd_run: str = SYSTEMD_RUN,
-    systemctl: str = SYSTEMCTL,
-    poll_s: float = POLL_S,
-    progress_s: float = PROGRESS_S,
-) -> dict[str, Any]:
-    """Start `argv` (a `specdeploy gate` without --as-unit) as the transient unit of `run_id`, wait
-    for it to end and return the report it wrote at `report_path`. A unit that ended without a
-    finished report (killed, or a crash before the report) is a GateUnitError naming its journal."""
+def start(argv: list[str], run_id: str, *, systemd_run: str = SYSTEMD_RUN) -> str:
+    """Start `argv` (a `specdeploy gate` without --as-unit) as the transient unit of `run_id` and return
+    its name at once; the unit runs on whatever happens to the caller."""
     name = unit_name(run_id)
-    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     try:
         started = command.run(
-        [
+            [
                 systemd_run, "--unit", name, "--collect", "--quiet", "--property=Type=exec",
                 f"--description=specdeploy gate of run {run_id}", *_play_env(), "--", *argv,
             ],
@@ -116,23 +116,32 @@ def run(
             hint="a unit of that name exists when this run was gated already (start a new run id); "
             "otherwise check that systemd runs on this host (`systemctl is-system-running`)",
         )
-    begun = time.monotonic()
-    last = begun
-    say(f"gate: running as {name} (it finishes even if this command is killed; journalctl -u {name})")
-    while True:
-        state = _state(name, systemctl)
-        if _finished(state):
-            break
-        now = time.monotonic()
-        if now - last >= progress_s:
-            last = now
-            report = _read_report(report_path) or {}
-            say(
-                f"gate: {name} {state.get('ActiveState', '?')} for {now - begun:.0f} s; "
-                f"report: {report.get('verdict', 'not yet written')}"
-            )
-        time.sleep(poll_s)
+    return name
+
+
+def now(run_id: str, report_path: Path, progress_path: Path, state: dict[str, str]) -> str:
+    """One line on a running gate: its unit's state and the gate's own last progress line (the check
+    it runs and how far it is), else its report's verdict: `unit active; 12:03:40 gate: 1m00s, last:
+    smoke: coherence prompts 7/12` (short: a play shows it after the host and the attempt)."""
+    try:
+        with progress_path.open("rb") as kept:  # one line, the gate's own; read as untrusted all the same
+            said = [steps.clean(text) for text in kept.read(4096).decode(errors="replace").splitlines()]
+    except OSError:
+        said = []
+    said = [text for text in said if text]
+    last = said[-1] if said else f"report: {(_read_report(report_path) or {}).get('verdict', 'not yet written')}"
+    return f"unit {state.get('ActiveState', '?')}; {last}"
+
+
+def _finished_report(
+    name: str, run_id: str, report_path: Path, state: dict[str, str], *, started: bool
+) -> dict[str, Any]:
     report = _read_report(report_path)
+    if not started and report is None and state.get("LoadState") == "not-found" and not report_path.parent.exists():
+        raise GateUnitError(
+            f"no gate runs for run {run_id}: there is no unit {name} and no report at {report_path}",
+            hint="pass the run id the gate was started with (`specdeploy gate --as-unit --detach --run-id ID`)",
+        )
     if report is None or report.get("verdict") == "running" or report.get("finished_at") is None:
         status = state.get("ExecMainStatus") or "?"
         raise GateUnitError(
@@ -140,4 +149,59 @@ def run(
             hint=f"read `journalctl -u {name}`; then `specdeploy rollback restore --run-id {run_id}` puts back what "
             "this run replaced and proves the previous stack serves",
         )
+    return report
+
+
+def wait(
+    run_id: str,
+    report_path: Path,
+    *,
+    for_s: float | None = None,
+    progress_path: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+    systemctl: str = SYSTEMCTL,
+    poll_s: float = POLL_S,
+    progress_s: float = PROGRESS_S,
+    started: bool = False,
+) -> dict[str, Any] | None:
+    """Wait for the unit of `run_id` to end and return the report it wrote at `report_path`; with
+    `for_s`, None when it still runs after that long. `progress` gets `now(...)` every `progress_s`
+    while it runs. `started`: this caller started it (else no unit and no report is "no gate runs for
+    that run id"). A unit that ended without a finished report (killed, or a crash before the
+    report) is a GateUnitError naming its journal."""
+    name = unit_name(run_id)
+    progress_path = progress_path or report_path.with_name(layout.GATE_PROGRESS)
+    begun = last = time.monotonic()
+    while True:
+        state = _state(name, systemctl)
+        if _finished(state):
+            return _finished_report(name, run_id, report_path, state, started=started)
+        now_s = time.monotonic()
+        if for_s is not None and now_s - begun >= for_s:
+            return None
+        if progress is not None and now_s - last >= progress_s:
+            last = now_s
+            progress(f"gate: {name} {now(run_id, report_path, progress_path, state)}")
+        time.sleep(poll_s)
+
+
+def run(
+    argv: list[str],
+    run_id: str,
+    report_path: Path,
+    *,
+    progress: Callable[[str], None] | None = None,
+    systemd_run: str = SYSTEMD_RUN,
+    systemctl: str = SYSTEMCTL,
+    poll_s: float = POLL_S,
+    progress_s: float = PROGRESS_S,
+) -> dict[str, Any]:
+    """Start `argv` as the unit of `run_id` (`start`), wait for it to end (`wait`) and return its report."""
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    name = start(argv, run_id, systemd_run=systemd_run)
+    say(f"gate: running as {name} (it finishes even if this command is killed; journalctl -u {name})")
+    report = wait(
+        run_id, report_path, progress=say, systemctl=systemctl, poll_s=poll_s, progress_s=progress_s, started=True
+    )
+    assert report is not None  # no for_s: only an ended unit returns
     return report

@@ -11,12 +11,13 @@ so no role composes a path of its own.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from specdeploy.core import layout
+from specdeploy.core import layout, progress, verdicts
 from specdeploy.profile.schema import Profile
 
 
@@ -143,7 +144,14 @@ def deploy_facts(
         },
         "fetch": {"user": layout.FETCH_USER, "uid": layout.FETCH_UID},
         # the gate's report in each run's directory (<state>/runs/<run id>/<report>): the smoke_gate role names it
-        "gate": {"report": layout.GATE_REPORT},
+        # the deploy starts the gate as its unit, then waits for it in looks of `wait_s` (each printing the
+        # gate's progress line as the task's retry), `attempts` of them: the profile's smoke.gate_timeout_s
+        "gate": {
+            "report": layout.GATE_REPORT,
+            "wait_s": int(progress.PERIOD_S),
+            "running_exit": verdicts.EXIT_RUNNING,  # gate-wait's while the gate runs: look again
+            "attempts": math.ceil(profile.smoke.gate_timeout_s / progress.PERIOD_S),
+        },
         "unit": {
             "name": layout.UNIT_NAME,
             "file": str(layout.UNIT_FILES[profile.engine.runtime]),

@@ -667,6 +667,12 @@ class SmokeSpec(_Strict):
     max_tokens: int = Field(256, ge=1, description="for free-form prompts")
     acceptance_max_tokens: int = Field(128, ge=1)
     readiness_timeout_s: float = Field(900, gt=0)
+    gate_timeout_s: float = Field(
+        14400,
+        gt=0,
+        description="how long a deploy waits for its gate (readiness and every check, a rollback included); past "
+        "it the play fails and the gate's unit goes on to its verdict (`specdeploy gate-wait --run-id ID`)",
+    )
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     prompts: SmokePrompts
 

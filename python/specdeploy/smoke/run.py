@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from specdeploy.core import progress
 from specdeploy.core.verdicts import Stage, Verdict
 from specdeploy.profile import Profile
 from specdeploy.smoke import checks, diagnosis
@@ -26,6 +27,7 @@ def execute(smoke: Smoke) -> SmokeReport:
     """Run the checks in order on `smoke`, then its diagnosis; the report."""
     try:
         for name, check in checks.ORDER:
+            progress.observe(f"smoke: {name}")
             began = time.monotonic()
             try:
                 result = check(smoke)

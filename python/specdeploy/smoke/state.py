@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from specdeploy.core import progress as steps
 from specdeploy.core.verdicts import EXIT_CODES, Stage, Verdict, worst
 from specdeploy.profile import KnownAnswer, Profile
 from specdeploy.smoke import acceptance, transcript
@@ -74,6 +75,31 @@ def running_report(profile: str, endpoint: str) -> dict[str, Any]:
         "diagnosis": [],
         "message": "the smoke is running (a process that died leaves this: no verdict)",
     }
+
+
+class _Observed(Progress):
+    """The smoke's bars (shown on a terminal) that also tell the current progress step what they count
+    (core.progress): a gate without a terminal, as its unit runs it in a deploy, says every 20 s which
+    check runs and how far it is (`smoke: coherence prompts 7/12`)."""
+
+    def add_task(self, description: str, *args: Any, **kwargs: Any) -> Any:
+        task = super().add_task(description, *args, **kwargs)
+        self._tell(task)
+        return task
+
+    def update(self, task_id: Any, *args: Any, **kwargs: Any) -> None:
+        super().update(task_id, *args, **kwargs)
+        self._tell(task_id)
+
+    def advance(self, task_id: Any, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._tell(task_id)
+
+    def _tell(self, task_id: Any) -> None:
+        task = next((t for t in self.tasks if t.id == task_id), None)
+        if task is not None:
+            count = f" {task.completed:g}/{task.total:g}" if task.total else ""
+            steps.observe(f"smoke: {task.description}{count}")
 
 
 @dataclass(frozen=True)
@@ -148,7 +174,7 @@ class Smoke:
             self._client.close()
 
     def progress(self) -> Progress:
-        return Progress(
+        return _Observed(
             SpinnerColumn(),
             TextColumn("{task.description}"),
             BarColumn(),

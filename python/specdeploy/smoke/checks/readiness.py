@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from specdeploy.core import progress as steps
 from specdeploy.core.verdicts import Stage, Verdict
 from specdeploy.smoke.clients import EngineUnavailable
 
@@ -56,6 +57,7 @@ def check(smoke: Smoke) -> Stage:
                     return Stage(NAME, Verdict.passed, summary, {"ready_at": time.time()})
                 last = f"GET {smoke.client.base_url}/v1/models lists {served}, not {model}"
                 hint = f"serve {model} (the profile's engine.serve.served_model_name) or correct --endpoint"
+            steps.observe(f"smoke: readiness: {model} not served yet; last: {last}")
             if deadline - time.monotonic() <= 0:
                 break
             time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))
