@@ -600,6 +600,10 @@ def test_finish_stops_old_after_the_soak_and_keeps_its_weights_and_state(site: S
     with site.load(total=4) as running:
         result = running.finish(300)
     assert result.failed == 0 and result.ok == 4
+    # no silent minutes (issue 37): every `migrate` step of this chain, each run as a person runs it
+    # (`specdeploy rehearsal migrate`'s steps), never went 30 s without a line of output
+    assert {"plan", "prepare", "verify", "cutover", "rollback", "finish"} <= set(site.silences), site.silences
+    assert max(site.silences.values()) < progress.MAX_SILENCE_S, site.silences
 
 
 # a real model built into its own engine image, deployed and gated on NEW: 442 s and 794 s in two CI runs, over

@@ -155,6 +155,22 @@ def test_the_smoke_gate_role_starts_specdeploy_gate_as_its_unit_and_waits_for_it
     assert "from_json" not in gate_yaml and "slurp" not in gate_yaml  # parses nothing
 
 
+def test_the_deploy_s_wait_for_its_gate_is_the_profile_s_gate_timeout_in_looks_shorter_than_a_progress_period(
+    tmp_path: Path,
+) -> None:
+    from specdeploy.core import layout, progress
+    from specdeploy.profile import load_profile
+    from specdeploy.profile.facts import deploy_facts
+
+    profile = load_profile("cpu-rehearsal")
+    gate = deploy_facts(profile, layout.HostLayout(), layout.InstallLayout(root=tmp_path))["gate"]
+    assert gate["wait_s"] == progress.LOOK_S < progress.PERIOD_S  # each ticker line carries a fresh look
+    assert gate["running_exit"] == 75
+    assert gate["attempts"] * gate["wait_s"] >= profile.smoke.gate_timeout_s == 14400
+    shorter = profile.model_copy(update={"smoke": profile.smoke.model_copy(update={"gate_timeout_s": 600})})
+    assert deploy_facts(shorter, layout.HostLayout(), layout.InstallLayout(root=tmp_path))["gate"]["attempts"] == 40
+
+
 def test_the_images_role_puts_every_file_the_containerfile_copies_into_the_host_build_context(
     tmp_path: Path,
 ) -> None:

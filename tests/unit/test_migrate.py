@@ -16,6 +16,7 @@ import pytest
 from tests.support import front as front_support
 from tests.support.data import DATA
 
+from specdeploy.core import progress
 from specdeploy.core.errors import SpecdeployError
 from specdeploy.front.balancer import HAProxyBalancer, cutover
 from specdeploy.front.config import Backend
@@ -535,6 +536,8 @@ def test_the_rehearsal_s_steps_run_the_real_cli_in_order_and_stop_at_the_first_t
     assert "$ migrate plan --from old-host --to new-host" in capsys.readouterr().err
     assert (tmp_path / "logs" / "migrate-plan.log").is_file()
     assert not migration.moved(rows)
+    # each row says its longest stretch without a line of output (issue 37), timed on the real run
+    assert 0 < rows[0]["longest_silence_s"] == round(move.silences["plan"], 1) < progress.MAX_SILENCE_S
 
 
 def test_a_move_is_done_only_when_every_step_passed_and_no_loaded_request_failed() -> None:

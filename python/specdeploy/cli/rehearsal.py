@@ -11,6 +11,7 @@ from rich.table import Table
 
 from specdeploy.cli import base, output
 from specdeploy.cli.output import out
+from specdeploy.core import progress
 from specdeploy.core.cache import cache_dir
 from specdeploy.core.errors import ProfileError, UsageError
 
@@ -232,16 +233,21 @@ def migrate_cmd(
     first (OLD), then NEW and the front booted or reused, the front deployed and OLD behind it, then
     `specdeploy migrate plan`, `prepare`, `verify` and `cutover` (under load through the front), each
     printed before it runs, and with --finish `migrate finish --stop-old` after the soak. Prints a
-    table of the steps. Exit 0 when every step passed and no request failed, else 1."""
+    table of the steps, each with its longest stretch without a line of output. Exit 0 when every
+    step passed and no request failed, else 1."""
     from specdeploy.rehearsal import deploy, migration
 
     deploy.check_controller()
     rows = migration.main_job_move(requests=requests, finish=finish)
-    table = Table("step", "exit", "summary", "load (sent / ok / failed)", title="migration rehearsal")
+    table = Table(
+        "step", "exit", "summary", "load (sent / ok / failed)", "longest silence", title="migration rehearsal"
+    )
     for row in rows:
         sent = row.get("load")
         load = f"{sent['sent']} / {sent['ok']} / {sent['failed']}" if sent else ""
-        table.add_row(*output.cells(row["step"], row["exit"], row["summary"], load))
+        quiet = row["longest_silence_s"]  # issue 37: no step goes MAX_SILENCE_S without a line
+        shown = f"{quiet:g} s" + ("" if quiet < progress.MAX_SILENCE_S else f" (over {progress.MAX_SILENCE_S:g} s)")
+        table.add_row(*output.cells(row["step"], row["exit"], row["summary"], load, shown))
     out.print(table)
     raise typer.Exit(0 if migration.moved(rows) else 1)
 

@@ -36,6 +36,9 @@ from typing import IO, Any
 
 MAX_SILENCE_S = 30.0  # issue 37: no run of the main job, `migrate` or a deploy goes longer without a line
 PERIOD_S = 20.0  # the ticker's: within MAX_SILENCE_S with room for a loaded machine
+# A look from outside at a long job on a host (the deploy's `gate-wait --for`, each a retry of its task):
+# shorter than PERIOD_S, so each of the play's ticker lines carries a fresh answer
+LOOK_S = 15
 PERIOD_ENV = "SPECDEPLOY_PROGRESS_PERIOD_S"  # tests shorten it; never longer than PERIOD_S
 LIMIT = 160  # characters of an observation shown (a program's line can be a whole JSON document)
 _CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x1f\x7f-\x9f]")

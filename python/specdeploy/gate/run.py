@@ -308,21 +308,41 @@ def _prune(host: layout.HostLayout, keep: int = KEEP_RUNS) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+class _KeptStep(progress.Step):
+    """The gate's progress step: its lines to stderr (the unit's journal), and its newest state, at each
+    observation (at most every `KEEP_S`), in `<run dir>/gate.progress`, where `gate-wait` reads it."""
+
+    KEEP_S = 1.0
+
+    def __init__(self, name: str, path: Path) -> None:
+        super().__init__(name, write=self._line)
+        self._path = path
+        self._kept_at = 0.0
+
+    def _line(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+        self._keep(text)
+
+    def _keep(self, text: str) -> None:
+        self._kept_at = time.monotonic()
+        with contextlib.suppress(OSError):  # a line not kept is a staler `gate-wait`, never a failed gate
+            atomic.write_bytes(self._path, f"{text}\n".encode(), REPORT_MODE)
+
+    def observe(self, text: str) -> None:
+        super().observe(text)
+        if time.monotonic() - self._kept_at >= self.KEEP_S:
+            self._keep(progress.line(self.name, self.elapsed, self.last))
+
+
 def _progress(host: layout.HostLayout, run_id: str, options: GateOptions) -> contextlib.AbstractContextManager[Any]:
     """Where no terminal shows the smoke's bars (the gate as a unit, a deploy's), a progress step
     (core.progress): a line at least every 20 s to stderr (the unit's journal) naming the check that runs
-    and how far it is, the last one also kept in `<run dir>/gate.progress` for `gate-wait` to show."""
+    and how far it is, its newest state also kept in `<run dir>/gate.progress` for `gate-wait` to show."""
     if options.show_progress:
         return contextlib.nullcontext()
-    path = host.gate_progress(run_id)
-
-    def write(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-        with contextlib.suppress(OSError):  # a line not kept is a staler `gate-wait`, never a failed gate
-            atomic.write_bytes(path, f"{text}\n".encode(), REPORT_MODE)
-
-    write(progress.line("gate", 0, "started"))
-    return progress.Step("gate", write=write)
+    step = _KeptStep("gate", host.gate_progress(run_id))
+    step.observe("started")
+    return step
 
 
 def run_gate(

@@ -148,9 +148,9 @@ def deploy_facts(
         # gate's progress line as the task's retry), `attempts` of them: the profile's smoke.gate_timeout_s
         "gate": {
             "report": layout.GATE_REPORT,
-            "wait_s": int(progress.PERIOD_S),
+            "wait_s": progress.LOOK_S,
             "running_exit": verdicts.EXIT_RUNNING,  # gate-wait's while the gate runs: look again
-            "attempts": math.ceil(profile.smoke.gate_timeout_s / progress.PERIOD_S),
+            "attempts": math.ceil(profile.smoke.gate_timeout_s / progress.LOOK_S),
         },
         "unit": {
             "name": layout.UNIT_NAME,

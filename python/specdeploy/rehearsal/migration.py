@@ -210,7 +210,8 @@ class Move:
     deploy_args: list[str]
     logs: Path
     # the longest stretch without a line of output of each `migrate` step run (issue 37: none over 30 s)
-    silences: dict[str, float] = field(default_factory=dict, init=False)
+    silences: dict[str, float] = field(default_factory=dict, init=False)  # the longest over its runs
+    last_silence: float = field(default=0.0, init=False)  # the last step run's
 
     def command_line(self, step: str, *extra: str) -> list[str]:
         argv = [
@@ -247,7 +248,8 @@ class Move:
         )
         self.logs.mkdir(parents=True, exist_ok=True)
         (self.logs / f"migrate-{step}.log").write_text(done.stdout + done.stderr)
-        self.silences[step] = done.longest_silence
+        self.silences[step] = max(self.silences.get(step, 0.0), done.longest_silence)
+        self.last_silence = done.longest_silence
         try:
             data = json.loads(done.stdout) if done.stdout.strip() else {}
         except json.JSONDecodeError:
@@ -339,8 +341,8 @@ def load_spec(profile: Profile, *, api_key: str, ca_file: Path, total: int) -> L
 
 def run_steps(move: Move, steps: tuple[str, ...], spec: LoadSpec) -> list[dict[str, Any]]:
     """Each step in turn as `specdeploy migrate STEP` (its command printed first; the LOADED ones
-    under `spec`'s load), up to the first that fails: one row per step run (step, exit, summary,
-    and the load's counts where it ran)."""
+    under `spec`'s load), up to the first that fails: one row per step run (step, exit, summary, its
+    longest stretch without a line of output, and the load's counts where it ran)."""
     rows = []
     for step in steps:
         print("$ " + " ".join(move.command_line(step)[1:]), file=sys.stderr)
@@ -349,7 +351,8 @@ def run_steps(move: Move, steps: tuple[str, ...], spec: LoadSpec) -> list[dict[s
             out["load"] = result.to_json()
         else:
             code, out = move.step(step)
-        rows.append({"step": step, "exit": code, "summary": out.get("summary") or out["stderr"].strip()[-300:]}
+        rows.append({"step": step, "exit": code, "summary": out.get("summary") or out["stderr"].strip()[-300:],
+                     "longest_silence_s": round(move.last_silence, 1)}
                     | ({"load": out["load"]} if "load" in out else {}))  # fmt: skip
         if code != 0:
             break
@@ -420,5 +423,6 @@ def main_job_move(*, requests: int | None = None, finish: bool = False) -> list[
     if finish and moved(rows):
         print(f"$ {' '.join(move.command_line('finish', '--stop-old')[1:])}  (after the soak)", file=sys.stderr)
         code, out = move.finish_after_soak(profile.migration.soak_s)
-        rows.append({"step": "finish", "exit": code, "summary": out.get("summary") or out["stderr"].strip()[-300:]})
+        rows.append({"step": "finish", "exit": code, "summary": out.get("summary") or out["stderr"].strip()[-300:],
+                     "longest_silence_s": round(move.last_silence, 1)})  # fmt: skip
     return rows
