@@ -227,3 +227,29 @@ def test_detach_without_as_unit_is_refused_before_anything(cli: Any, tmp_path: P
     assert done.exit_code == 2, done.output
     assert "--detach: expected together with --as-unit, found alone" in " ".join(done.output.split())
     assert not (state / "runs" / "run-7").exists()
+
+
+def test_a_restore_is_refused_while_the_run_s_gate_still_runs_as_its_unit_and_allowed_once_it_ended(
+    tmp_path: Path,
+) -> None:
+    """A deploy's rescue after its wait ran out, or a person, must not restore the previous stack beneath
+    a gate judging the new one (it rolls back on its own): `rollback restore|recover` ask first. A host
+    where systemd cannot be asked runs no gate unit: nothing is refused there."""
+    bin_dir, units = _stand_ins(tmp_path)
+    gate = subprocess.Popen(["sleep", "30"])
+    try:
+        (units / "specdeploy-gate-run-8.service.pid").write_text(str(gate.pid))
+        with pytest.raises(gate_unit.GateStillRunning) as info:
+            gate_unit.refuse_while_running(
+                "run-8", "restore what run run-8 replaced", systemctl=str(bin_dir / "systemctl")
+            )
+        assert info.value.exit_code == 75
+        assert "the gate of run run-8 still runs as specdeploy-gate-run-8.service: not going to restore" in (
+            info.value.message
+        )
+        assert "gate-wait --run-id run-8" in (info.value.hint or "")
+    finally:
+        gate.kill()
+        gate.wait()
+    gate_unit.refuse_while_running("run-8", "restore", systemctl=str(bin_dir / "systemctl"))  # ended: allowed
+    gate_unit.refuse_while_running("run-8", "restore", systemctl=str(tmp_path / "no-systemctl"))  # none to ask

@@ -280,3 +280,21 @@ def test_the_checkout_s_ansible_cfg_enables_the_progress_callback_for_every_play
     assert re.search(r"^callbacks_enabled\s*=.*\bspecdeploy_progress\b", cfg, re.M)
     assert re.search(r"^callback_plugins\s*=\s*callback_plugins$", cfg, re.M)
     assert (ROOT / "ansible" / "callback_plugins" / "specdeploy_progress.py").is_file()
+
+
+def test_the_smoke_s_bars_tell_the_step_they_were_made_in_even_from_a_thread_pool_s_workers() -> None:
+    """The gate as a unit has no terminal: its line says which check runs and how far it is. The lossless
+    and concurrency checks advance their bars from worker threads, which start in no step."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specdeploy.profile import load_profile
+    from specdeploy.smoke.state import Smoke, SmokeOptions
+
+    smoke = Smoke(load_profile("cpu-rehearsal"), "http://127.0.0.1:9", SmokeOptions(show_progress=False))
+    lines, write = _collect()
+    with progress.step("gate", write=write) as step, smoke.progress() as bars:
+        task = bars.add_task("lossless re-score", total=3)
+        assert step.last == "smoke: lossless re-score 0/3"
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            list(pool.map(lambda _: bars.advance(task), range(3)))
+        assert step.last == "smoke: lossless re-score 3/3"

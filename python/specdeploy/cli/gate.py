@@ -214,8 +214,8 @@ def gate_wait(
         float | None,
         typer.Option(
             "--for",
-            help="seconds to wait at most, then exit 75 with one line on what the gate does now (default: until "
-            "it ends)",
+            help=f"seconds to wait at most, then exit {EXIT_RUNNING} with one line on what the gate does now "
+            "(default: until it ends)",
         ),
     ] = None,
     as_json: base.JsonOpt = False,
@@ -240,7 +240,7 @@ def gate_wait(
         report_path,
         for_s=wait_for,
         progress_path=host.gate_progress(run_id),
-        # waiting to the end, a line every 15 s; a short look says one line, its answer, once
+        # waiting to the end, a line every gate_unit.PROGRESS_S; a short look says one line, its answer, once
         progress=(lambda line: output.err.print(line, markup=False)) if wait_for is None else None,
     )
     if report is None:

@@ -116,8 +116,10 @@ def rollback_restore(
     and that RUN_ID is a run this host knows. Writes <state>/runs/RUN_ID/restore.json on every
     exit path. Exit 0 when the previous stack serves again (its smoke gate passes) or the run
     replaced nothing (already restored, or failed before replacing anything), 1 otherwise
-    (a restore that stopped part-way names what was put back and what was not), 2 bad input.
+    (a restore that stopped part-way names what was put back and what was not), 2 bad input,
+    75 while the gate of RUN_ID still runs as its unit (it restores on its own when it fails).
     """
+    from specdeploy.gate import unit as gate_unit
     from specdeploy.rollback import restore
 
     host = base.host_layout(state_dir=state_dir)
@@ -126,6 +128,7 @@ def rollback_restore(
     restore.require_known(host, run_id, restore.read_record(host.rollback))
     if json_path is not None:
         check_writable(json_path, "--json")
+    gate_unit.refuse_while_running(run_id, f"restore what run {run_id} replaced")
     with deploylock.held(host.state, f"rollback restore of run {run_id}"):
         code = _restore(host, run_id, unit, json_path, recovering=False)
     raise typer.Exit(code)
@@ -159,9 +162,12 @@ def rollback_recover(
 
 def _recover(host: layout.HostLayout, run_id: str, unit: str, json_path: Path | None) -> int:
     """rollback recover, under the deploy lock: the exit code."""
+    from specdeploy.gate import unit as gate_unit
     from specdeploy.rollback import restore
 
     interrupted = restore.open_run(host, run_id)  # reads and checks the record before anything changes
+    if interrupted is not None:  # "interrupted" only to this run: its gate may still judge it
+        gate_unit.refuse_while_running(interrupted, f"recover run {interrupted} for run {run_id}")
     if json_path is not None:
         check_writable(json_path, "--json")
         if interrupted is None:

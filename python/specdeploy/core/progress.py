@@ -239,6 +239,12 @@ def stepped(name: Callable[..., str]) -> Callable[[Callable[..., Any]], Callable
     return wrap
 
 
+def current() -> Step | None:
+    """The step this thread runs in (a worker thread starts in none: capture it before, as the smoke's
+    bars do for their thread pools)."""
+    return _current.get()
+
+
 def observe(text: str) -> None:
     """Tell the current step (if any) what was just seen."""
     if (now := _current.get()) is not None:

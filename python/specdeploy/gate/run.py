@@ -31,6 +31,7 @@ import datetime as dt
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -310,28 +311,28 @@ def _prune(host: layout.HostLayout, keep: int = KEEP_RUNS) -> None:
 
 class _KeptStep(progress.Step):
     """The gate's progress step: its lines to stderr (the unit's journal), and its newest state, at each
-    observation (at most every `KEEP_S`), in `<run dir>/gate.progress`, where `gate-wait` reads it."""
-
-    KEEP_S = 1.0
+    observation and each tick, in `<run dir>/gate.progress`, where `gate-wait` reads it. Built and
+    written under one lock: the ticker, the gate and the smoke's worker threads all observe."""
 
     def __init__(self, name: str, path: Path) -> None:
         super().__init__(name, write=self._line)
         self._path = path
-        self._kept_at = 0.0
+        self._keeping = threading.Lock()
 
     def _line(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
-        self._keep(text)
+        self._keep()
 
-    def _keep(self, text: str) -> None:
-        self._kept_at = time.monotonic()
-        with contextlib.suppress(OSError):  # a line not kept is a staler `gate-wait`, never a failed gate
-            atomic.write_bytes(self._path, f"{text}\n".encode(), REPORT_MODE)
+    def _keep(self) -> None:
+        with self._keeping:  # the newest state, never an older one written over it
+            text = progress.line(self.name, self.elapsed, self.last)
+            # a line not kept is a staler `gate-wait`, never a failed gate
+            with contextlib.suppress(OSError, SpecdeployError):
+                atomic.write_bytes(self._path, f"{text}\n".encode(), REPORT_MODE)
 
     def observe(self, text: str) -> None:
         super().observe(text)
-        if time.monotonic() - self._kept_at >= self.KEEP_S:
-            self._keep(progress.line(self.name, self.elapsed, self.last))
+        self._keep()
 
 
 def _progress(host: layout.HostLayout, run_id: str, options: GateOptions) -> contextlib.AbstractContextManager[Any]:

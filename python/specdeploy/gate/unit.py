@@ -33,12 +33,12 @@ from typing import Any
 
 from specdeploy.core import deploylock, keeper, layout
 from specdeploy.core import progress as steps
-from specdeploy.core.errors import SpecdeployError, UsageError
+from specdeploy.core.errors import EXIT_TEMPFAIL, SpecdeployError, UsageError
 from specdeploy.host import command
 
 UNIT_PREFIX = "specdeploy-gate-"
 _UNIT_SAFE_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
-PROGRESS_S = 15.0
+PROGRESS_S = float(steps.LOOK_S)  # the caller's line while it waits, as a deploy's looks
 POLL_S = 1.0
 SYSTEMD_RUN = "systemd-run"
 SYSTEMCTL = "systemctl"
@@ -79,6 +79,30 @@ def _state(name: str, systemctl: str) -> dict[str, str]:
 def unit_state(run_id: str, systemctl: str = SYSTEMCTL) -> dict[str, str]:
     """systemd's state of the gate unit of `run_id` (ActiveState, SubState, Result, ...)."""
     return _state(unit_name(run_id), systemctl)
+
+
+class GateStillRunning(SpecdeployError):
+    """A verb that would change the stack a gate running as its unit is judging."""
+
+    exit_code = EXIT_TEMPFAIL  # try again once the gate has ended
+
+
+def refuse_while_running(run_id: str, doing: str, *, systemctl: str = SYSTEMCTL) -> None:
+    """Refuse `doing` (e.g. "restore what run R replaced") while the gate of `run_id` runs as its unit:
+    a deploy's rescue after its wait ran out, or a person, would restore the previous stack beneath a
+    gate that is judging the new one and rolls back on its own when it fails. A host where systemd
+    cannot be asked runs no gate unit: nothing to refuse."""
+    try:
+        state = unit_state(run_id, systemctl)
+    except (SpecdeployError, OSError):
+        return
+    if state.get("ActiveState") in ("active", "activating", "deactivating", "reloading"):
+        name = unit_name(run_id)
+        raise GateStillRunning(
+            f"the gate of run {run_id} still runs as {name}: not going to {doing} beneath it",
+            hint=f"`specdeploy gate-wait --run-id {run_id}` waits for its verdict (a failing stack is restored by "
+            f"the gate itself); `systemctl stop {name}` first if it must not finish",
+        )
 
 
 def _finished(state: dict[str, str]) -> bool:
@@ -140,7 +164,8 @@ def _finished_report(
     if not started and report is None and state.get("LoadState") == "not-found" and not report_path.parent.exists():
         raise GateUnitError(
             f"no gate runs for run {run_id}: there is no unit {name} and no report at {report_path}",
-            hint="pass the run id the gate was started with (`specdeploy gate --as-unit --detach --run-id ID`)",
+            hint="pass the run id the gate was started with (`specdeploy gate --as-unit --detach --run-id ID`); "
+            f"a gate started with this one ended before writing its report: `journalctl -u {name}` says why",
         )
     if report is None or report.get("verdict") == "running" or report.get("finished_at") is None:
         status = state.get("ExecMainStatus") or "?"

@@ -276,7 +276,9 @@ class Move:
         from specdeploy.core import layout
 
         cli = layout.InstallLayout().to_json()["cli"]
-        closed = self.new.ssh(f"{cli} watch run --json", check=False)
+        with progress.step(f"{self.new.name}: a light gate closes the load's interval") as light:
+            light.observe(f"ssh {self.new.name} {cli} watch run --json")
+            closed = self.new.ssh(f"{cli} watch run --json", check=False)
         if closed.returncode not in (0, 1):
             raise SpecdeployError(
                 f"{self.new.name}: the light gate could not run (exit {closed.returncode}): "

@@ -80,7 +80,12 @@ def running_report(profile: str, endpoint: str) -> dict[str, Any]:
 class _Observed(Progress):
     """The smoke's bars (shown on a terminal) that also tell the current progress step what they count
     (core.progress): a gate without a terminal, as its unit runs it in a deploy, says every 20 s which
-    check runs and how far it is (`smoke: coherence prompts 7/12`)."""
+    check runs and how far it is (`smoke: coherence prompts 7/12`). The step is the one current where the
+    bars are made: the concurrency and lossless checks advance them from their thread pools' workers."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._step = steps.current()
 
     def add_task(self, description: str, *args: Any, **kwargs: Any) -> Any:
         task = super().add_task(description, *args, **kwargs)
@@ -99,7 +104,8 @@ class _Observed(Progress):
         task = next((t for t in self.tasks if t.id == task_id), None)
         if task is not None:
             count = f" {task.completed:g}/{task.total:g}" if task.total else ""
-            steps.observe(f"smoke: {task.description}{count}")
+            if self._step is not None:
+                self._step.observe(f"smoke: {task.description}{count}")
 
 
 @dataclass(frozen=True)
