@@ -252,4 +252,9 @@ def test_a_restore_is_refused_while_the_run_s_gate_still_runs_as_its_unit_and_al
         gate.kill()
         gate.wait()
     gate_unit.refuse_while_running("run-8", "restore", systemctl=str(bin_dir / "systemctl"))  # ended: allowed
-    gate_unit.refuse_while_running("run-8", "restore", systemctl=str(tmp_path / "no-systemctl"))  # none to ask
+    # a host not booted with systemd: systemctl answers nothing but its complaint
+    unbooted = tmp_path / "unbooted" / "systemctl"
+    unbooted.parent.mkdir()
+    unbooted.write_text(f"#!{sys.executable}\nimport sys\nsys.exit('System has not been booted with systemd')\n")
+    unbooted.chmod(0o755)
+    gate_unit.refuse_while_running("run-8", "restore", systemctl=str(unbooted))

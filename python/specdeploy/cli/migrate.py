@@ -22,7 +22,7 @@ import typer
 from rich.table import Table
 
 from specdeploy.cli import base, output
-from specdeploy.core import files, layout
+from specdeploy.core import files, layout, progress
 from specdeploy.core.errors import InputFileError, SpecdeployError, UsageError
 
 migrate_app = base.group(
@@ -99,6 +99,16 @@ def compare_reports(
     raise typer.Exit(0 if result.same else 1)
 
 
+def _say(step: str) -> Any:
+    """A step's message: printed, and the running step's (core.progress) last observation."""
+
+    def say(text: str) -> None:
+        output.err.print(f"{step}: {text}", highlight=False, markup=False)
+        progress.observe(text)
+
+    return say
+
+
 def _step(
     step: str,
     old: str,
@@ -157,14 +167,18 @@ def _step(
         front=front_access, other_fronts=front_accesses[1:], front_socket=socket, front_hook=hook,
         vault_password_file=vault,
         deploy_args=deploy_args,
-        progress=lambda text: output.err.print(f"{step}: {text}", highlight=False, markup=False),
+        progress=_say(step),
     )  # fmt: skip
     if options.get("seed_from") is not None:
         options["seed_from"] = access(options["seed_from"])
     rec.start(step)  # type: ignore[arg-type]
     record.save(site, rec)
     try:
-        details = getattr(steps, step)(m, rec, **options)
+        # no silent minutes (issue 37): a line at least every 20 s for the whole step, naming what it does
+        # now (a host's command, a play's task, a copy); the steps inside report to it. A cutover's drain
+        # polls the front with many short commands, none of which lasts a period on its own.
+        with progress.step(f"migrate {step}"):
+            details = getattr(steps, step)(m, rec, **options)
     except SpecdeployError as exc:
         rec.end(step, False, exc.message, {"hint": exc.hint})  # type: ignore[arg-type]
         record.save(site, rec)
