@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -535,6 +536,9 @@ def test_the_rehearsal_s_steps_run_the_real_cli_in_order_and_stop_at_the_first_t
     assert "old-host (127.0.0.1:1)" in rows[0]["summary"] and "fix:" in rows[0]["summary"]
     assert "$ migrate plan --from old-host --to new-host" in capsys.readouterr().err
     assert (tmp_path / "logs" / "migrate-plan.log").is_file()
+    # the whole step ran inside one progress step (a line every 20 s while it runs; issue 37)
+    assert re.search(r"^\d\d:\d\d:\d\d migrate plan: failed after \d+s$", rows[0]["summary"] + "\n"
+                     + (tmp_path / "logs" / "migrate-plan.log").read_text(), re.M)  # fmt: skip
     assert not migration.moved(rows)
     # each row says its longest stretch without a line of output (issue 37), timed on the real run
     assert 0 < rows[0]["longest_silence_s"] == round(move.silences["plan"], 1) < progress.MAX_SILENCE_S
