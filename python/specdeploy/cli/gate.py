@@ -243,9 +243,8 @@ def gate_wait(
         # waiting to the end, a line every gate_unit.PROGRESS_S; a short look says one line, its answer, once
         progress=(lambda line: output.err.print(line, markup=False)) if wait_for is None else None,
     )
-    if report is None:
-        state = gate_unit.unit_state(run_id)
-        line = gate_unit.now(run_id, report_path, host.gate_progress(run_id), state)
+    if isinstance(report, gate_unit.Running):
+        line = report.line
         output.emit({"run_id": run_id, "running": True, "now": line}, as_json, lambda: print(line, flush=True))
         raise typer.Exit(EXIT_RUNNING)
     _emit_unit_report(report, run_id, report_path, as_json)

@@ -79,7 +79,8 @@ def line(name: str, elapsed: float, last: str | None) -> str:
     return f"{time.strftime('%H:%M:%S')} {name}: {duration(elapsed)}, last: {last or 'started, no output yet'}"
 
 
-def _plain(text: str) -> None:
+def plain(text: str) -> None:
+    """One line to stderr, never interleaved with another step's (every plain line goes through here)."""
     with _write_lock:
         print(text, file=sys.stderr, flush=True)
 
@@ -145,7 +146,7 @@ class Step:
         self.announce = announce
         # rich's live display where a person watches (and no one asked for lines), else plain lines
         self._rich = write is None and sys.stderr.isatty()
-        self._write = write or _plain
+        self._write = write or plain
         self._task: tuple[Any, Any] | None = None
         self._last: str | None = None
         self._lock = threading.Lock()

@@ -30,7 +30,6 @@ import dataclasses
 import datetime as dt
 import shutil
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -320,7 +319,7 @@ class _KeptStep(progress.Step):
         self._keeping = threading.Lock()
 
     def _line(self, text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
+        progress.plain(text)
         self._keep()
 
     def _keep(self) -> None:

@@ -28,6 +28,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,13 @@ def refuse_while_running(run_id: str, doing: str, *, systemctl: str = SYSTEMCTL)
             hint=f"`specdeploy gate-wait --run-id {run_id}` waits for its verdict (a failing stack is restored by "
             f"the gate itself); `systemctl stop {name}` first if it must not finish",
         )
+
+
+@dataclass(frozen=True)
+class Running:
+    """`wait`'s answer on a gate that still runs after `for_s`: one line on what it does now (`now`)."""
+
+    line: str
 
 
 def _finished(state: dict[str, str]) -> bool:
@@ -188,12 +196,12 @@ def wait(
     poll_s: float = POLL_S,
     progress_s: float = PROGRESS_S,
     started: bool = False,
-) -> dict[str, Any] | None:
+) -> dict[str, Any] | Running:
     """Wait for the unit of `run_id` to end and return the report it wrote at `report_path`; with
-    `for_s`, None when it still runs after that long. `progress` gets `now(...)` every `progress_s`
-    while it runs. `started`: this caller started it (else no unit and no report is "no gate runs for
-    that run id"). A unit that ended without a finished report (killed, or a crash before the
-    report) is a GateUnitError naming its journal."""
+    `for_s`, `Running` (its `now(...)` line, from the state last read) when it still runs after that
+    long. `progress` gets `now(...)` every `progress_s` while it runs. `started`: this caller started
+    it (else no unit and no report is "no gate runs for that run id"). A unit that ended without a
+    finished report (killed, or a crash before the report) is a GateUnitError naming its journal."""
     name = unit_name(run_id)
     progress_path = progress_path or report_path.with_name(layout.GATE_PROGRESS)
     begun = last = time.monotonic()
@@ -203,7 +211,7 @@ def wait(
             return _finished_report(name, run_id, report_path, state, started=started)
         now_s = time.monotonic()
         if for_s is not None and now_s - begun >= for_s:
-            return None
+            return Running(now(run_id, report_path, progress_path, state))
         if progress is not None and now_s - last >= progress_s:
             last = now_s
             progress(f"gate: {name} {now(run_id, report_path, progress_path, state)}")
@@ -228,5 +236,5 @@ def run(
     report = wait(
         run_id, report_path, progress=say, systemctl=systemctl, poll_s=poll_s, progress_s=progress_s, started=True
     )
-    assert report is not None  # no for_s: only an ended unit returns
+    assert not isinstance(report, Running)  # no for_s: only an ended unit returns
     return report
