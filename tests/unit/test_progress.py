@@ -236,6 +236,9 @@ def _play(tmp_path: Path, *, enabled: bool = True) -> progress.Timed:
     cfg = ROOT / "ansible" / "ansible.cfg"
     if not enabled:  # the checkout's configuration less the line that enables the plugin
         kept = [line for line in cfg.read_text().splitlines() if not line.startswith("callbacks_enabled")]
+        # the stdout callback's directory where the copy is read (a relative path is the config file's)
+        kept = [f"callback_plugins = {cfg.parent / 'callback_plugins'}" if k.startswith("callback_plugins") else k
+                for k in kept]  # fmt: skip
         cfg = tmp_path / "ansible.cfg"
         cfg.write_text("\n".join(kept) + "\n")
     env = {**os.environ, "ANSIBLE_CONFIG": str(cfg), "ANSIBLE_NOCOLOR": "1"}

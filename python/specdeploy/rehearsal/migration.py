@@ -353,12 +353,17 @@ def run_steps(move: Move, steps: tuple[str, ...], spec: LoadSpec) -> list[dict[s
             out["load"] = result.to_json()
         else:
             code, out = move.step(step)
-        rows.append({"step": step, "exit": code, "summary": out.get("summary") or out["stderr"].strip()[-300:],
-                     "longest_silence_s": round(move.last_silence, 1)}
-                    | ({"load": out["load"]} if "load" in out else {}))  # fmt: skip
+        rows.append(_row(move, step, code, out))
         if code != 0:
             break
     return rows
+
+
+def _row(move: Move, step: str, code: int, out: dict[str, Any]) -> dict[str, Any]:
+    """A step run's row: step, exit, summary (else its stderr's end), its longest silence, its load."""
+    summary = out.get("summary") or out["stderr"].strip()[-300:]
+    row = {"step": step, "exit": code, "summary": summary, "longest_silence_s": round(move.last_silence, 1)}
+    return row | ({"load": out["load"]} if "load" in out else {})
 
 
 def moved(rows: list[dict[str, Any]]) -> bool:
@@ -425,6 +430,5 @@ def main_job_move(*, requests: int | None = None, finish: bool = False) -> list[
     if finish and moved(rows):
         print(f"$ {' '.join(move.command_line('finish', '--stop-old')[1:])}  (after the soak)", file=sys.stderr)
         code, out = move.finish_after_soak(profile.migration.soak_s)
-        rows.append({"step": "finish", "exit": code, "summary": out.get("summary") or out["stderr"].strip()[-300:],
-                     "longest_silence_s": round(move.last_silence, 1)})  # fmt: skip
+        rows.append(_row(move, "finish", code, out))
     return rows

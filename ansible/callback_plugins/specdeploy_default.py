@@ -1,0 +1,53 @@
+"""Ansible's default output with one line changed: a task retried while what it waits for still runs
+says so (`waiting: [host]: task: its answer (attempt 3 of 961)`), not `FAILED - RETRYING`.
+
+Failure prevented (issue 37, read as a person reads a deploy's log): the deploy waits for its gate in
+looks of 15 s (the smoke_gate role's `gate-wait --for 15`, retried while it exits 75, the gate still
+running). Ansible's default callback prints every look as `FAILED - RETRYING: [host]: Gate the new
+stack (...) (959 retries left).`, so a healthy deploy's log carried a FAILED line every 15 s for the
+whole gate, ninety of them in the main job's: a person scanning it for what went wrong finds them
+first. Here each look says what the gate does now, from the look's own output. A task that really
+fails still prints Ansible's own `fatal:` line, unchanged; everything else is the default callback's.
+Set as the stdout callback by ansible.cfg (`stdout_callback`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible.plugins.callback.default import CallbackModule as DefaultCallback
+
+DOCUMENTATION = """
+name: specdeploy_default
+type: stdout
+short_description: "the default output; a retried task says it waits and on what, not FAILED - RETRYING"
+description:
+  - >-
+    The default callback, except for a retry of an C(until) loop, which prints
+    C(waiting: [host]: task: the attempt's last output line (attempt N of M)).
+extends_documentation_fragment:
+  - default_callback
+  - result_format_callback
+requirements:
+  - set as stdout_callback in ansible.cfg
+"""
+
+
+def retry_line(host: str, task: str, answer: dict[str, Any]) -> str:
+    """The line for one retry: the host, the task, the attempt's last line of output (a look at the
+    gate says `unit active; 12:03:40 gate: 1m00s, last: smoke: coherence prompts 7/12`), its number."""
+    said = next((str(answer[k]).strip() for k in ("stdout", "stderr", "msg") if str(answer.get(k) or "").strip()), "")
+    last = said.splitlines()[-1] if said else "no output"
+    attempts, total = answer.get("attempts", "?"), answer.get("retries")  # `retries`: every attempt, the first too
+    of = f" of {total}" if isinstance(total, int) else ""
+    return f"waiting: [{host}]: {task}: {last} (attempt {attempts}{of})"
+
+
+class CallbackModule(DefaultCallback):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "stdout"
+    CALLBACK_NAME = "specdeploy_default"
+
+    def v2_runner_retry(self, result: Any) -> None:
+        answer = result.result if hasattr(result, "result") else result._result
+        self._display.display(retry_line(self.host_label(result), str(result.task_name or result.task), answer))
