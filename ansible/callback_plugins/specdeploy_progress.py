@@ -138,7 +138,8 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_retry(self, result: Any) -> None:
         answer = result.result if hasattr(result, "result") else result._result
-        attempt = f"attempt {answer.get('attempts')} did not succeed"
+        total = answer.get("retries")  # every attempt, the first too; a retry is a wait, not a failure
+        attempt = f"attempt {answer.get('attempts')}" + (f" of {total}" if isinstance(total, int) else "")
         said = self._message(result, output_first=True)
         self._seen(self._host(result), f"{attempt}{': ' + said if said else ''}", done=False)
 

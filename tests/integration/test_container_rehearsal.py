@@ -98,11 +98,15 @@ def test_the_container_profile_deploys_with_hub_weights_a_key_and_quadlet_and_a_
     assert run.longest_silence < progress.MAX_SILENCE_S, run.times
     # and the gate's lines name its own current check (the unit's progress line, each wait's retry)
     gate_ticks = re.findall(
-        r"\d\d:\d\d:\d\d TASK \[smoke_gate : Gate the new stack[^\n]*: \d+s, last: \S+: attempt \d+ did not "
-        r"succeed: unit active; \d\d:\d\d:\d\d gate: \d+s, last: (smoke: [^\n]*)",
+        r"\d\d:\d\d:\d\d TASK \[smoke_gate : Gate the new stack[^\n]*: \d+s, last: \S+: attempt \d+ of \d+: "
+        r"unit active; \d\d:\d\d:\d\d gate: \d+s, last: (smoke: [^\n]*)",
         run.stdout,
     )
     assert gate_ticks, run.stdout[-5000:]
+    # each look is a wait, printed as one (ansible/callback_plugins/specdeploy_default.py), never as FAILED
+    looked = r"^waiting: \[\S+\]: Gate the new stack .*: unit active; .* \(attempt 1 of \d+\)$"
+    assert re.search(looked, run.stdout, re.M), run.stdout[-5000:]
+    assert "FAILED - RETRYING" not in run.stdout
     host = rig.host
     if rig.images_source == "build":  # the first run for this cache key: built on the host from
         # the context the role shipped, its guard passing (kept once the canary search passed)
