@@ -1,5 +1,5 @@
 """Ansible's default output with one line changed: a task retried while what it waits for still runs
-says so (`waiting: [host]: task: its answer (attempt 3 of 961)`), not `FAILED - RETRYING`.
+says so (`waiting: [host]: its answer (attempt 3 of 961: task)`), not `FAILED - RETRYING`.
 
 Failure prevented (issue 37, read as a person reads a deploy's log): the deploy waits for its gate in
 looks of 15 s (the smoke_gate role's `gate-wait --for 15`, retried while it exits 75, the gate still
@@ -24,7 +24,7 @@ short_description: "the default output; a retried task says it waits and on what
 description:
   - >-
     The default callback, except for a retry of an C(until) loop, which prints
-    C(waiting: [host]: task: the attempt's last output line (attempt N of M)).
+    C(waiting: [host]: the attempt's last output line (attempt N of M: task)).
 extends_documentation_fragment:
   - default_callback
   - result_format_callback
@@ -34,13 +34,15 @@ requirements:
 
 
 def retry_line(host: str, task: str, answer: dict[str, Any]) -> str:
-    """The line for one retry: the host, the task, the attempt's last line of output (a look at the
-    gate says `unit active; 12:03:40 gate: 1m00s, last: smoke: coherence prompts 7/12`), its number."""
+    """The line for one retry: the host, the attempt's last line of output (a look at the gate says
+    `unit active; 12:03:40 gate: 1m00s, last: smoke: coherence prompts 7/12`), its number and the task,
+    in that order: where a line is cut to its start (`migrate` shows a play's last line), what the wait
+    saw stays."""
     said = next((str(answer[k]).strip() for k in ("stdout", "stderr", "msg") if str(answer.get(k) or "").strip()), "")
     last = said.splitlines()[-1] if said else "no output"
     attempts, total = answer.get("attempts", "?"), answer.get("retries")  # `retries`: every attempt, the first too
     of = f" of {total}" if isinstance(total, int) else ""
-    return f"waiting: [{host}]: {task}: {last} (attempt {attempts}{of})"
+    return f"waiting: [{host}]: {last} (attempt {attempts}{of}: {task})"
 
 
 class CallbackModule(DefaultCallback):

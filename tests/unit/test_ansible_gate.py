@@ -75,9 +75,11 @@ def test_a_gate_that_passes_after_two_looks_passes_the_role_after_starting_once_
     # each look that finds the gate running says so, with the gate's own line (ansible.cfg's stdout
     # callback, ansible/callback_plugins/specdeploy_default.py), never Ansible's "FAILED - RETRYING"
     looks = [line for line in done.stdout.splitlines() if line.startswith("waiting: [localhost]: ")]
-    assert [line.split(": ", 3)[3] for line in looks] == [
-        "unit active; 12:00:01 gate: 15s, last: smoke: coherence prompts 1/12 (attempt 1 of 6)",
-        "unit active; 12:00:02 gate: 30s, last: smoke: coherence prompts 2/12 (attempt 2 of 6)",
+    task = "Gate the new stack (startup log, smoke; on failure roll back and prove the previous stack)"
+    assert looks == [
+        f"waiting: [localhost]: unit active; 12:00:0{n} gate: {15 * n}s, last: smoke: coherence prompts {n}/12 "
+        f"(attempt {n} of 6: {task})"
+        for n in (1, 2)
     ], done.stdout[-3000:]
     assert "FAILED" not in done.stdout
     assert "did not pass on localhost" not in done.stdout and "still runs after" not in done.stdout
