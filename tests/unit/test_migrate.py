@@ -382,6 +382,28 @@ def test_a_cutover_through_the_real_haproxy_under_streaming_load_fails_no_reques
     assert {r[2] for e in engines.values() for r in e.requests()} == {"Bearer sk-test"}
 
 
+def test_stopping_a_load_whose_streams_outlast_the_ticker_says_how_many_still_stream(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No silent minutes (issue 37): after a loaded step ends, the load's last streams finish, a
+    minute on the real model's engine (`rehearsal migrate` went 61 s without a line there). The wait is
+    a progress step whose lines say what is left; an engine stand-in streams each request for 1.5 s."""
+    monkeypatch.setenv(progress.PERIOD_ENV, "0.3")
+    with front_support.engines("slow") as engines:
+        engines["slow"].token_s = 1.5 / 64
+        spec = load.LoadSpec(
+            url=f"http://127.0.0.1:{engines['slow'].port}", api_key="k", model="m", total=50, in_flight=2,
+            max_tokens=64, timeout_s=30,
+        )  # fmt: skip
+        with load.Load(spec) as running_load:
+            assert running_load.wait_streaming(2, 10)
+            capsys.readouterr()
+            result = running_load.stop()
+    said = [line for line in capsys.readouterr().err.splitlines() if "the load sends no more" in line]
+    assert said and re.search(r": \d+(\.\d+)?s, last: 2 sent, 0 ok, 0 failed, 2 still streaming$", said[0]), said
+    assert result.sent == 2 and result.ok == 2 and result.failed == 0
+
+
 def _request(index: int, started: float, ended: float | None) -> load.Request:
     return load.Request(index=index, started=started, ended=ended)
 

@@ -34,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from specdeploy.core import progress
+
 
 @dataclass
 class Request:
@@ -147,23 +149,41 @@ class Load:
     def stop(self) -> LoadResult:
         """Stop sending; wait for the requests in flight to end; the counts."""
         self._stop.set()
-        self._thread.join()
+        self._join(None, "the load sends no more: its requests in flight finish")
         return self.result
 
     def finish(self, timeout_s: float) -> LoadResult:
         """Wait until all `total` requests were sent and ended (then stop, whatever is left)."""
-        self._thread.join(timeout_s)
+        self._join(timeout_s, f"the load's {self.spec.total} requests are sent and finish")
         return self.stop()
+
+    def now(self) -> str:
+        """The load as it stands: `12 sent, 9 ok, 0 failed, 3 still streaming`."""
+        open_now = sum(1 for r in list(self.result.requests) if r.ended is None)
+        r = self.result
+        return f"{r.sent} sent, {r.ok} ok, {r.sent - r.ok - open_now} failed, {open_now} still streaming"
+
+    def _join(self, timeout_s: float | None, what: str) -> None:
+        """Wait for the load's thread (at most `timeout_s`), inside a progress step: on a slow engine the
+        last streams take a minute after a step ends, and `rehearsal migrate` went 61 s without a line
+        there (issue 37). No line at all when it ends within the ticker's period."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with progress.step(what, announce=False) as waiting:
+            while self._thread.is_alive() and (deadline is None or time.monotonic() < deadline):
+                waiting.observe(self.now())
+                self._thread.join(timeout=0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
 
     def wait_streaming(self, n: int, timeout_s: float) -> bool:
         """Wait until `n` requests are open and streaming (each has had an event from the engine): a
         request only sent may still be connecting, and a drain that came first would find none in flight
         on the host it drains (a cutover on a loaded machine did)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if sum(1 for r in list(self.result.requests) if r.chunks > 0 and r.ended is None) >= n:
-                return True
-            time.sleep(0.1)
+        with progress.step(f"the load: {n} requests streaming", announce=False) as waiting:
+            while time.monotonic() < deadline:
+                if sum(1 for r in list(self.result.requests) if r.chunks > 0 and r.ended is None) >= n:
+                    return True
+                waiting.observe(self.now())
+                time.sleep(0.1)
         return False
 
     def _main(self) -> None:
