@@ -327,17 +327,31 @@ LOAD_IN_FLIGHT, LOAD_TOKENS = 16, 448
 # front): a load of 48, later 96 requests had all been sent and answered by then, and the drain found
 # nothing in flight (the chain's assertion names that case on its own).
 LOAD_MAX_REQUESTS = 2000
+# The main job's move (`rehearsal migrate`) serves the real model, far slower per token on the CPU than the
+# fixtures: with the load above, OLD still had 8 streams in flight 97 s into the cutover's drain, which ran out
+# of the profile's 120 s (migration.drain_timeout_s) in one of two runs (2026-12-06, benchmarks/silences.py;
+# the other drained in 104 s). Shorter streams, fewer at a time, still outlast a step's start to its drain
+# and end well within it.
+MAIN_JOB_LOAD_IN_FLIGHT, MAIN_JOB_LOAD_TOKENS = 8, 128
 
 
-def load_spec(profile: Profile, *, api_key: str, ca_file: Path, total: int) -> LoadSpec:
-    """The rehearsal's load through the front: `total` streaming chat requests, LOAD_IN_FLIGHT at a
-    time, a generous client timeout; the front's certificate trusted from its file."""
+def load_spec(
+    profile: Profile,
+    *,
+    api_key: str,
+    ca_file: Path,
+    total: int,
+    in_flight: int = LOAD_IN_FLIGHT,
+    max_tokens: int = LOAD_TOKENS,
+) -> LoadSpec:
+    """The rehearsal's load through the front: `total` streaming chat requests, `in_flight` at a time,
+    a generous client timeout; the front's certificate trusted from its file."""
     from specdeploy.migrate.load import LoadSpec
 
     return LoadSpec(
         url=f"https://127.0.0.1:{profile.front.listen_port}", api_key=api_key,
         model=profile.engine.serve.served_model_name or profile.target.repo, total=total,
-        in_flight=LOAD_IN_FLIGHT, max_tokens=LOAD_TOKENS, timeout_s=300, ca_file=str(ca_file),
+        in_flight=in_flight, max_tokens=max_tokens, timeout_s=300, ca_file=str(ca_file),
     )  # fmt: skip
 
 
@@ -424,8 +438,9 @@ def main_job_move(*, requests: int | None = None, finish: bool = False) -> list[
             raise SpecdeployError(f"deploy.yml -l {limit} failed: nothing was moved", hint="see its output above")
     profile = load_profile(profiles / f"{deploy.PROFILE}.yaml")
     spec = load_spec(
-        profile, api_key=vault.values()["engine_api_key"], ca_file=cert, total=requests or LOAD_MAX_REQUESTS
-    )
+        profile, api_key=vault.values()["engine_api_key"], ca_file=cert, total=requests or LOAD_MAX_REQUESTS,
+        in_flight=MAIN_JOB_LOAD_IN_FLIGHT, max_tokens=MAIN_JOB_LOAD_TOKENS,
+    )  # fmt: skip
     rows = run_steps(move, STEPS, spec)
     if finish and moved(rows):
         print(f"$ {' '.join(move.command_line('finish', '--stop-old')[1:])}  (after the soak)", file=sys.stderr)
