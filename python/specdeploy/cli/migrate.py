@@ -154,6 +154,8 @@ def _step(
     rec = record.load(site, old, new) or record.MigrationRecord(old=old, new=new)
     if why := rec.may_start(step):
         raise UsageError(why, hint=f"see `specdeploy migrate show --from {old} --to {new} -i {inventory}`")
+    # a line at once (the step's own ticker speaks first after a period): the first silence is the CLI's start
+    _say(step)(f"from {old} to {new}" + (f" through {', '.join(fronts)}" if fronts else ""))
 
     def access(name: str) -> Any:
         return hosts.access(inventory, name, vault_password_file=vault)
