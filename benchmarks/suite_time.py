@@ -44,8 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.support import workers  # noqa: E402 - the suite's own grouping, read from the checkout
 
-RESULT = re.compile(r"^\[(gw\d+)\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)")
-DURATION = re.compile(r"^([\d.]+)s (setup|call|teardown)\s+(\S+)$")
+# a test's ID may hold spaces (parametrized cases)
+RESULT = re.compile(r"^\[(gw\d+)\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (.+?)\s*$")
+DURATION = re.compile(r"^([\d.]+)s (setup|call|teardown)\s+(.+?)\s*$")
 SUMMARY = re.compile(r"^=+ (.*\b(?:passed|failed)\b.*) in ([\d.]+)s")
 SAMPLE_S = 5.0
 
@@ -85,10 +86,12 @@ def analyse(lines: list[tuple[float, str]], cpu: list[tuple[float, float]], star
     outcomes: collections.Counter[str] = collections.Counter()
     spent: dict[str, float] = collections.defaultdict(float)
     summary, pytest_s = "", None
-    for at, text in lines:
+    for i, (at, text) in enumerate(lines):
         if result := RESULT.match(text):
             worker, outcome, nodeid = result.groups()
-            finished[worker] = at - pytest_at
+            # pytest writes a result without its newline, which comes with the next event (of either
+            # worker): the result's moment is when the line before it ended
+            finished[worker] = (lines[i - 1][0] if i else at) - pytest_at
             ran[worker].append(nodeid)
             outcomes[outcome] += 1
         elif duration := DURATION.match(text):
@@ -138,7 +141,7 @@ def main() -> int:
         subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)], check=True)
         subprocess.run(["git", "checkout", "--quiet", commit_id], cwd=clone, check=True)
         log_path = args.log or Path(tempfile.gettempdir()) / f"suite-time-{commit_id[:12]}.log"
-        env = {**os.environ, "CI": "true"}
+        env = {**os.environ, "CI": "true", "PY_COLORS": "0"}  # plain lines for the regexes
         env.pop("VIRTUAL_ENV", None)
         sampler = CpuSampler()
         sampler.start()

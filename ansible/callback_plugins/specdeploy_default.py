@@ -52,4 +52,7 @@ class CallbackModule(DefaultCallback):
 
     def v2_runner_retry(self, result: Any) -> None:
         answer = result.result if hasattr(result, "result") else result._result
-        self._display.display(retry_line(self.host_label(result), str(result.task_name or result.task), answer))
+        line = retry_line(self.host_label(result), str(result.task_name or result.task), answer)
+        if self._run_is_verbose(result, verbosity=2):  # as the default callback: the whole result at -vv
+            line += f" Result was: {self._dump_results(answer)}"
+        self._display.display(line)

@@ -92,9 +92,10 @@ class CallbackModule(CallbackBase):
     @staticmethod
     def _message(result: Any, *, output_first: bool = False) -> str:
         """The last line a result says: the module's message, else a command's stderr or stdout; for a retry
-        the output first (a retried probe says there what it waits for; its `msg` is "non-zero return code")."""
+        the output first, stdout before stderr (a retried probe says there what it waits for, as `gate-wait`
+        does; its `msg` is "non-zero return code"), as the stdout callback's retry line reads it."""
         answer = result.result if hasattr(result, "result") else result._result
-        keys = ("stderr", "stdout", "msg") if output_first else ("msg", "stderr", "stdout")
+        keys = ("stdout", "stderr", "msg") if output_first else ("msg", "stderr", "stdout")
         text = next((answer[k] for k in keys if answer.get(k)), "")
         return str(text).strip().splitlines()[-1] if str(text).strip() else ""
 

@@ -159,9 +159,10 @@ class Load:
 
     def now(self) -> str:
         """The load as it stands: `12 sent, 9 ok, 0 failed, 3 still streaming`."""
-        open_now = sum(1 for r in list(self.result.requests) if r.ended is None)
-        r = self.result
-        return f"{r.sent} sent, {r.ok} ok, {r.sent - r.ok - open_now} failed, {open_now} still streaming"
+        requests = list(self.result.requests)  # one snapshot: the load's thread appends and ends them meanwhile
+        ended = [r for r in requests if r.ended is not None]
+        ok = sum(1 for r in ended if r.ok)
+        return f"{len(requests)} sent, {ok} ok, {len(ended) - ok} failed, {len(requests) - len(ended)} still streaming"
 
     def _join(self, timeout_s: float | None, what: str) -> None:
         """Wait for the load's thread (at most `timeout_s`), inside a progress step: on a slow engine the
