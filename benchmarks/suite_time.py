@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -57,7 +58,7 @@ class CpuSampler(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True, name="cpu sampler")
         self.samples: list[tuple[float, float]] = []  # (monotonic time, busy share 0..1)
-        self._stop = threading.Event()
+        self._done = threading.Event()  # not `_stop`: a method of threading.Thread
 
     @staticmethod
     def _read() -> tuple[int, int]:
@@ -67,19 +68,19 @@ class CpuSampler(threading.Thread):
 
     def run(self) -> None:
         busy, total = self._read()
-        while not self._stop.wait(SAMPLE_S):
+        while not self._done.wait(SAMPLE_S):
             now_busy, now_total = self._read()
             if now_total > total:
                 self.samples.append((time.monotonic(), (now_busy - busy) / (now_total - total)))
             busy, total = now_busy, now_total
 
     def stop(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.join(timeout=SAMPLE_S * 2)
 
 
-def analyse(lines: list[tuple[float, str]], cpu: list[tuple[float, float]], started: float) -> dict[str, object]:
-    """The figures from a run's timed lines (seconds from the command's start) and CPU samples."""
+def analyse(lines: list[tuple[float, str]], cpu: list[tuple[float, float]]) -> dict[str, object]:
+    """The figures from a run's timed lines and CPU samples (each in seconds from the command's start)."""
     pytest_at = next((t for t, text in lines if text.startswith("== pytest")), 0.0)
     finished: dict[str, float] = {}
     ran: dict[str, list[str]] = collections.defaultdict(list)
@@ -114,7 +115,7 @@ def analyse(lines: list[tuple[float, str]], cpu: list[tuple[float, float]], star
         }
         for worker, nodes in sorted(ran.items())
     }
-    during = [share for t, share in cpu if t - started >= pytest_at]
+    during = [share for t, share in cpu if t >= pytest_at]
     slowest = sorted(spent.items(), key=lambda item: -item[1])[:20]
     return {
         "pytest_s": pytest_s,
@@ -133,7 +134,13 @@ def main() -> int:
     parser.add_argument("--ref", default="HEAD", help="the commit to clone and test (default: HEAD)")
     parser.add_argument("--json", type=Path, help="the figures as JSON")
     parser.add_argument("--log", type=Path, help="the run's whole output (default: $TMPDIR/suite-time-COMMIT.log)")
+    parser.add_argument("--from-times", type=Path, help="analyse a run's LOG.times.json again instead of running")
     args = parser.parse_args()
+    if args.from_times:
+        kept = json.loads(args.from_times.read_text())
+        figures = {k: kept[k] for k in ("commit", "exit", "wall_s")}
+        figures |= analyse([(t, text) for t, text in kept["lines"]], [(t, share) for t, share in kept["cpu"]])
+        return show(figures)
     commit = subprocess.run(["git", "rev-parse", args.ref], cwd=ROOT, capture_output=True, text=True, check=True)
     commit_id = commit.stdout.strip()
     with tempfile.TemporaryDirectory(prefix="suite-time-") as scratch:
@@ -151,12 +158,23 @@ def main() -> int:
                 ["bash", "scripts/test.sh", "-v", "--durations=0"], cwd=clone, env=env, echo=log, timeout=3 * 3600
             )
         sampler.stop()
-        lines = done.lines or []
-        figures = {"commit": commit_id, "exit": done.returncode, "wall_s": round(done.ended, 1)}
-        figures |= analyse(lines, sampler.samples, started)
+    lines = done.lines or []
+    cpu = [(round(t - started, 1), round(share, 3)) for t, share in sampler.samples]
+    figures: dict[str, Any] = {"commit": commit_id, "exit": done.returncode, "wall_s": round(done.ended, 1)}
+    # every line's time and the CPU samples, for `--from-times` (the analysis again, without the run)
+    times = log_path.with_name(log_path.name + ".times.json")
+    times.write_text(json.dumps(figures | {"lines": [[round(t, 2), text] for t, text in lines], "cpu": cpu}))
+    figures |= analyse(lines, cpu)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return show(figures)
+
+
+def show(figures: dict[str, Any]) -> int:
+    """The figures as tables, then as JSON; the suite's exit code."""
     console = Console(width=160)
     console.print(
-        f"commit {commit_id[:12]}: exit {done.returncode}, wall {progress.duration(done.ended)} "
+        f"commit {figures['commit'][:12]}: exit {figures['exit']}, wall {progress.duration(figures['wall_s'])} "
         f"(pytest {figures['pytest_s']} s: {figures['summary']}); CPU busy {figures['cpu_mean']} on average during "
         f"pytest, at 90% or more in {figures['cpu_at_90_or_more']} of the samples"
     )
@@ -173,9 +191,7 @@ def main() -> int:
         table.add_row(str(row["seconds"]), row["test"])
     console.print(table)
     print(json.dumps(figures, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    return done.returncode
+    return int(figures["exit"])
 
 
 if __name__ == "__main__":
