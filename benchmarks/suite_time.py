@@ -148,7 +148,8 @@ def main() -> int:
         subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)], check=True)
         subprocess.run(["git", "checkout", "--quiet", commit_id], cwd=clone, check=True)
         log_path = args.log or Path(tempfile.gettempdir()) / f"suite-time-{commit_id[:12]}.log"
-        env = {**os.environ, "CI": "true", "PY_COLORS": "0"}  # plain lines for the regexes
+        # (no PY_COLORS: any value of it, "0" too, makes typer colour its errors, which tests read)
+        env = {**os.environ, "CI": "true"}
         env.pop("VIRTUAL_ENV", None)
         sampler = CpuSampler()
         sampler.start()

@@ -156,41 +156,43 @@ def _step(
         raise UsageError(why, hint=f"see `specdeploy migrate show --from {old} --to {new} -i {inventory}`")
     # a line at once (the step's own ticker speaks first after a period): the first silence is the CLI's start
     _say(step)(f"from {old} to {new}" + (f" through {', '.join(fronts)}" if fronts else ""))
+    # no silent minutes (issue 37): a line at least every 20 s from here to the step's end, naming what it
+    # does now (reading the inventory, a host's command, a play's task, a copy); the steps inside report to
+    # it. A cutover's drain polls the front with many short commands, none of which lasts a period on its
+    # own, and reading a loaded site's inventory and vault for three hosts took 25 s before a step began.
+    with progress.step(f"migrate {step}"):
 
-    def access(name: str) -> Any:
-        return hosts.access(inventory, name, vault_password_file=vault)
+        def access(name: str) -> Any:
+            progress.observe(f"reading {name}'s connection from the inventory")
+            return hosts.access(inventory, name, vault_password_file=vault)
 
-    front_accesses = [access(name) for name in fronts]
-    front_access = front_accesses[0] if front_accesses else None
-    if hook is None and socket is None and front_access is not None:  # the inventory's, as the roles read it
-        hook = front_access.variables.get("front_hook") or None
-    m = steps.Migration(
-        site=site, inventory=inventory.resolve(), old=access(old), new=access(new),
-        front=front_access, other_fronts=front_accesses[1:], front_socket=socket, front_hook=hook,
-        vault_password_file=vault,
-        deploy_args=deploy_args,
-        progress=_say(step),
-    )  # fmt: skip
-    if options.get("seed_from") is not None:
-        options["seed_from"] = access(options["seed_from"])
-    rec.start(step)  # type: ignore[arg-type]
-    record.save(site, rec)
-    try:
-        # no silent minutes (issue 37): a line at least every 20 s for the whole step, naming what it does
-        # now (a host's command, a play's task, a copy); the steps inside report to it. A cutover's drain
-        # polls the front with many short commands, none of which lasts a period on its own.
-        with progress.step(f"migrate {step}"):
+        front_accesses = [access(name) for name in fronts]
+        front_access = front_accesses[0] if front_accesses else None
+        if hook is None and socket is None and front_access is not None:  # the inventory's, as the roles read it
+            hook = front_access.variables.get("front_hook") or None
+        m = steps.Migration(
+            site=site, inventory=inventory.resolve(), old=access(old), new=access(new),
+            front=front_access, other_fronts=front_accesses[1:], front_socket=socket, front_hook=hook,
+            vault_password_file=vault,
+            deploy_args=deploy_args,
+            progress=_say(step),
+        )  # fmt: skip
+        if options.get("seed_from") is not None:
+            options["seed_from"] = access(options["seed_from"])
+        rec.start(step)  # type: ignore[arg-type]
+        record.save(site, rec)
+        try:
             details = getattr(steps, step)(m, rec, **options)
-    except SpecdeployError as exc:
-        rec.end(step, False, exc.message, {"hint": exc.hint})  # type: ignore[arg-type]
-        record.save(site, rec)
-        raise
-    except BaseException as exc:  # interrupted, or a bug: recorded, then raised as it was
-        rec.end(step, False, f"stopped: {type(exc).__name__}: {exc}")  # type: ignore[arg-type]
-        record.save(site, rec)
-        raise
-    finally:
-        m.close()
+        except SpecdeployError as exc:
+            rec.end(step, False, exc.message, {"hint": exc.hint})  # type: ignore[arg-type]
+            record.save(site, rec)
+            raise
+        except BaseException as exc:  # interrupted, or a bug: recorded, then raised as it was
+            rec.end(step, False, f"stopped: {type(exc).__name__}: {exc}")  # type: ignore[arg-type]
+            record.save(site, rec)
+            raise
+        finally:
+            m.close()
     summary = _summary(step, details)
     rec.end(step, True, summary, details)  # type: ignore[arg-type]
     where = record.save(site, rec)
