@@ -444,10 +444,12 @@ def test_new_s_engine_killed_after_cutover_every_later_request_is_served_by_old_
     servers = site.front_status()
     assert servers[f"{site.old.name}--backup"]["state"] == "ready", servers
     assert servers[NEW_NAME]["state"] == "ready" and servers[site.old.name]["state"] == "maint", servers
+    _wait_new_up(site)  # the kill needs NEW's engine serving, not between restarts (the load would go to OLD)
     with site.load(total=4 * migration.LOAD_IN_FLIGHT) as running:  # four waves: most start after the kill
         assert running.wait_streaming(migration.LOAD_IN_FLIGHT // 2, 120)
         killed_at = time.monotonic()
-        site.new.ssh(f"podman kill --signal KILL {layout.UNIT_NAME}")
+        killed = site.new.ssh(f"podman kill --signal KILL {layout.UNIT_NAME}", check=False)
+        assert killed.returncode == 0, _engine_state(site, killed)
         # a killed engine is not gone at once: until its last process has exited, its listening
         # socket still takes connections and then resets them (each one the front tries again on NEW,
         # which its listener still calls up). Requests started in that window count as in flight.
@@ -468,11 +470,28 @@ def test_new_s_engine_killed_after_cutover_every_later_request_is_served_by_old_
     assert len(later) >= 4 and all(r.ok for r in later), (report, result.to_json())
     servers = site.front_status()
     assert servers[f"{site.old.name}--backup"]["served_total"] >= 1, servers  # OLD answered them
-    # systemd restarts NEW's engine (Restart=always); the front's checks put NEW back in
-    deadline = time.monotonic() + 600
+    _wait_new_up(site)  # systemd restarts NEW's engine (Restart=always); the front's checks put NEW back in
+
+
+def _wait_new_up(site: Site, timeout_s: float = 600) -> None:
+    """Until the front's checks call NEW up (its engine serves through its listener)."""
+    deadline = time.monotonic() + timeout_s
     while not site.front_status()[NEW_NAME]["status"].startswith("UP"):
         assert time.monotonic() < deadline, site.front_status()
         time.sleep(5)
+
+
+def _engine_state(site: Site, failed: subprocess.CompletedProcess[str]) -> str:
+    """What a failed command against NEW's engine container printed, with the container's and the
+    unit's state and the unit's last journal lines: enough to read the cause from a CI log."""
+    looks = (
+        "podman ps -a --format '{{.Names}} {{.Status}}'",
+        f"systemctl status --no-pager --lines=0 {layout.UNIT_NAME}",
+        f"journalctl --no-pager -n 30 -u {layout.UNIT_NAME}",
+    )
+    seen = [f"{failed.args[-1]!r} exited {failed.returncode}: {failed.stderr.strip() or failed.stdout.strip()}"]
+    seen += [f"$ {look}\n{site.new.ssh(look, check=False).stdout.strip()}" for look in looks]
+    return "\n".join(seen)
 
 
 def test_new_stopped_by_systemctl_after_cutover_loses_no_request_under_a_bounded_load(site: Site) -> None:
@@ -483,10 +502,7 @@ def test_new_stopped_by_systemctl_after_cutover_loses_no_request_under_a_bounded
     bounded streaming load through the front: no request fails, those in flight at the stop finish,
     those started after it are answered by OLD. `systemctl start` of the engine starts its listener
     again (WantedBy=), and the front's checks put NEW back in (the chain goes on)."""
-    deadline = time.monotonic() + 600  # the kill before: systemd restarted NEW's engine
-    while not site.front_status()[NEW_NAME]["status"].startswith("UP"):
-        assert time.monotonic() < deadline, site.front_status()
-        time.sleep(5)
+    _wait_new_up(site)  # the kill before: systemd restarted NEW's engine
     backup = f"{site.old.name}--backup"
     served_by_old = site.front_status()[backup]["served_total"]
     try:
@@ -514,10 +530,7 @@ def test_new_stopped_by_systemctl_after_cutover_loses_no_request_under_a_bounded
         assert inactive != "active", inactive  # stopped with the engine (PartOf=)
     finally:  # the chain goes on with NEW serving, whatever this test found (a failure here must not cascade)
         site.new.ssh(f"systemctl start {layout.UNIT_NAME}")
-    deadline = time.monotonic() + 600
-    while not site.front_status()[NEW_NAME]["status"].startswith("UP"):  # its listener started with it
-        assert time.monotonic() < deadline, site.front_status()
-        time.sleep(5)
+    _wait_new_up(site)  # its listener started with it
 
 
 # what a rolling deploy does on each host, in order (task-name prefixes of deploy.yml's roles)

@@ -109,6 +109,25 @@ def rehearsal_host_image() -> str:
     return debootstrap_image("bookworm", REHEARSAL_HOST_PACKAGES, "localhost/specdeploy-test/rehearsal-host")
 
 
+class RemoteCommandFailed(subprocess.CalledProcessError):
+    """A command run on a test host over SSH exited non-zero: its message names the host, the
+    command and the tail of what it printed on each stream."""
+
+    TAIL = 2000
+
+    def __init__(self, host: str, done: subprocess.CompletedProcess[str]) -> None:
+        super().__init__(done.returncode, done.args, output=done.stdout, stderr=done.stderr)
+        self.host = host
+
+    def __str__(self) -> str:
+        command = self.cmd[-1] if isinstance(self.cmd, list) else self.cmd
+        return (
+            f"on {self.host}: {command!r} exited {self.returncode}\n"
+            f"stdout: {(self.output or '')[-self.TAIL :].strip() or '(nothing)'}\n"
+            f"stderr: {(self.stderr or '')[-self.TAIL :].strip() or '(nothing)'}"
+        )
+
+
 @dataclass(frozen=True)
 class Host:
     name: str
@@ -116,11 +135,17 @@ class Host:
     key: Path
 
     def ssh(self, command: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        """`command` run on the host as root; with `check`, a failure raises `RemoteCommandFailed`,
+        which names the host and carries what the command printed (a bare CalledProcessError shows
+        neither, and a failure seen once in CI could then not be read)."""
+        done = subprocess.run(
             ["ssh", "-i", str(self.key), "-p", str(self.ssh_port), "-o", "StrictHostKeyChecking=no",
              "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "root@127.0.0.1", command],
-            capture_output=True, text=True, check=check,
+            capture_output=True, text=True,
         )  # fmt: skip
+        if check and done.returncode:
+            raise RemoteCommandFailed(self.name, done)
+        return done
 
     def inventory_line(self) -> str:
         return (
