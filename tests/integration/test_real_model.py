@@ -9,6 +9,11 @@ patches of vLLM's own functions in the engine's processes, switched on at run ti
 the profile's own code on a shorter prompt set (its first known answers) to keep CI short; the whole gate
 on the whole set runs in the main job, CI's deploy of the real model (tests/integration/test_migration.py,
 last test) and benchmarks/fault_matrix.py (every fault of the matrix, docs/benchmarks.md#fault-matrix).
+
+The healthy half of each fault is that deploy: its gate passes coherence, concurrency, lossless (alone
+and at concurrency, with the same tolerance, real drafts accepted during the answers) and the prefix
+cache on the same model and drafter, and that test asserts those details. A healthy run of the short
+set here repeated it on another engine and was dropped (about 110 s of CI: issue 37, item 5).
 """
 
 from __future__ import annotations
@@ -70,19 +75,6 @@ def _checks(m: faults.Matrix, *checks) -> tuple[smoke.Smoke, list[Stage]]:
         return run, [check(run) for check in checks]
     finally:
         run.close()
-
-
-def test_the_healthy_real_model_is_lossless_alone_and_at_concurrency_and_answers_alike_from_its_cache(
-    matrix: faults.Matrix,
-) -> None:
-    run, stages = _checks(matrix, coherence.check, concurrency.check, lossless.check, prefix_cache.check)
-    by_name = {s.name: s for s in stages}
-    assert all(s.status is Verdict.passed for s in stages), [(s.name, s.summary) for s in stages]
-    checked = by_name["lossless"].details
-    assert checked["at_concurrency"] == [1, 4] and checked["distribution"]["tokens"] > 100
-    assert checked["divergences"] == [] and checked["speculation_during_answers"]["drafts"] > 0
-    assert checked["speculation_during_answers"]["accepted"] > 0  # partial acceptance: real drafting
-    assert by_name["prefix_cache"].details["context_hit_tokens"] >= 256  # two 128-token CPU blocks
 
 
 def test_a_verifier_that_accepts_every_draft_fails_lossless_naming_the_first_diverging_token(
