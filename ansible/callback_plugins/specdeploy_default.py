@@ -8,7 +8,9 @@ stack (...) (959 retries left).`, so a healthy deploy's log carried a FAILED lin
 whole gate, ninety of them in the main job's: a person scanning it for what went wrong finds them
 first. Here each look says what the gate does now, from the look's own output. A task that really
 fails still prints Ansible's own `fatal:` line, unchanged; everything else is the default callback's.
-Set as the stdout callback by ansible.cfg (`stdout_callback`).
+Set as the stdout callback by ansible.cfg (`stdout_callback`). The words of a retry come from the
+package (specdeploy.core.progress.retry_words, which the progress plugin uses too); a controller without
+the package gets Ansible's own retry line.
 """
 
 from __future__ import annotations
@@ -33,16 +35,19 @@ requirements:
 """
 
 
+try:  # the words of a retry are the package's, shared with the progress plugin (specdeploy_progress)
+    from specdeploy.core.progress import retry_words
+except ImportError:  # a controller without the package: Ansible's own retry line
+    retry_words = None
+
+
 def retry_line(host: str, task: str, answer: dict[str, Any]) -> str:
     """The line for one retry: the host, the attempt's last line of output (a look at the gate says
     `unit active; 12:03:40 gate: 1m00s, last: smoke: coherence prompts 7/12`), its number and the task,
     in that order: where a line is cut to its start (`migrate` shows a play's last line), what the wait
     saw stays."""
-    said = next((str(answer[k]).strip() for k in ("stdout", "stderr", "msg") if str(answer.get(k) or "").strip()), "")
-    last = said.splitlines()[-1] if said else "no output"
-    attempts, total = answer.get("attempts", "?"), answer.get("retries")  # `retries`: every attempt, the first too
-    of = f" of {total}" if isinstance(total, int) else ""
-    return f"waiting: [{host}]: {last} (attempt {attempts}{of}: {task})"
+    attempt, said = retry_words(answer)
+    return f"waiting: [{host}]: {said or 'no output'} ({attempt}: {task})"
 
 
 class CallbackModule(DefaultCallback):
@@ -51,6 +56,9 @@ class CallbackModule(DefaultCallback):
     CALLBACK_NAME = "specdeploy_default"
 
     def v2_runner_retry(self, result: Any) -> None:
+        if retry_words is None:
+            super().v2_runner_retry(result)
+            return
         answer = result.result if hasattr(result, "result") else result._result
         line = retry_line(self.host_label(result), str(result.task_name or result.task), answer)
         if self._run_is_verbose(result, verbosity=2):  # as the default callback: the whole result at -vv

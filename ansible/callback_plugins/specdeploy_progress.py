@@ -90,13 +90,10 @@ class CallbackModule(CallbackBase):
         self._step.observe(f"{host}: {what}{waiting}")
 
     @staticmethod
-    def _message(result: Any, *, output_first: bool = False) -> str:
-        """The last line a result says: the module's message, else a command's stderr or stdout; for a retry
-        the output first, stdout before stderr (a retried probe says there what it waits for, as `gate-wait`
-        does; its `msg` is "non-zero return code"), as the stdout callback's retry line reads it."""
+    def _message(result: Any) -> str:
+        """The last line a result says: the module's message, else a command's stderr or stdout."""
         answer = result.result if hasattr(result, "result") else result._result
-        keys = ("stdout", "stderr", "msg") if output_first else ("msg", "stderr", "stdout")
-        text = next((answer[k] for k in keys if answer.get(k)), "")
+        text = next((answer[k] for k in ("msg", "stderr", "stdout") if answer.get(k)), "")
         return str(text).strip().splitlines()[-1] if str(text).strip() else ""
 
     @staticmethod
@@ -138,10 +135,9 @@ class CallbackModule(CallbackBase):
         self._seen(self._host(result), f"unreachable: {self._message(result)}", done=True)
 
     def v2_runner_retry(self, result: Any) -> None:
-        answer = result.result if hasattr(result, "result") else result._result
-        total = answer.get("retries")  # every attempt, the first too; a retry is a wait, not a failure
-        attempt = f"attempt {answer.get('attempts')}" + (f" of {total}" if isinstance(total, int) else "")
-        said = self._message(result, output_first=True)
+        if progress is None:
+            return
+        attempt, said = progress.retry_words(result.result if hasattr(result, "result") else result._result)
         self._seen(self._host(result), f"{attempt}{': ' + said if said else ''}", done=False)
 
     def v2_runner_item_on_ok(self, result: Any) -> None:

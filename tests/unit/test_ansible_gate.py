@@ -37,7 +37,7 @@ sys.exit({code})
 
 
 def _play(
-    tmp_path: Path, *, running: int, code: int, attempts: int = 5
+    tmp_path: Path, *, running: int, code: int, attempts: int = 5, without_package: bool = False
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     calls = tmp_path / "calls"
     cli = tmp_path / "specdeploy"
@@ -55,6 +55,11 @@ def _play(
     playbook.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles: [smoke_gate]\n")
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible" / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_ROLES_PATH": str(ROOT / "ansible" / "roles")}  # fmt: skip
+    if without_package:  # a controller whose Python cannot import specdeploy (a package of that name that fails)
+        hidden = tmp_path / "hidden" / "specdeploy"
+        hidden.mkdir(parents=True)
+        (hidden / "__init__.py").write_text("raise ImportError('specdeploy hidden by the test')\n")
+        env["PYTHONPATH"] = str(hidden.parent)
     done = subprocess.run(
         [str(BIN / "ansible-playbook"), "-i", "localhost,", str(playbook), "-e", f"@{extra}",
          "-e", f"ansible_python_interpreter={sys.executable}"],
@@ -83,6 +88,19 @@ def test_a_gate_that_passes_after_two_looks_passes_the_role_after_starting_once_
     ], done.stdout[-3000:]
     assert "FAILED" not in done.stdout
     assert "did not pass on localhost" not in done.stdout and "still runs after" not in done.stdout
+
+
+def test_without_the_package_on_the_controller_each_look_gets_ansible_s_own_retry_line_and_the_play_still_passes(
+    tmp_path: Path,
+) -> None:
+    """Both plugins take a retry's words from specdeploy.core.progress.retry_words; a controller that
+    cannot import it still runs the play, with Ansible's default retry line and no progress lines."""
+    done, calls = _play(tmp_path, running=2, code=0, without_package=True)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert len(calls) == 4 and "gate: pass (exit 0) in 45s" in done.stdout
+    assert "FAILED - RETRYING: [localhost]: Gate the new stack" in done.stdout, done.stdout[-3000:]
+    assert not any(line.startswith("waiting: ") for line in done.stdout.splitlines())
+    assert "specdeploy_progress: specdeploy is not importable here" in done.stdout + done.stderr
 
 
 def test_a_gate_that_fails_fails_the_play_with_its_report_and_exit_code(tmp_path: Path) -> None:

@@ -301,3 +301,14 @@ def test_the_smoke_s_bars_tell_the_step_they_were_made_in_even_from_a_thread_poo
         with ThreadPoolExecutor(max_workers=2) as pool:
             list(pool.map(lambda _: bars.advance(task), range(3)))
         assert step.last == "smoke: lossless re-score 3/3"
+
+
+def test_a_retry_says_its_attempt_of_all_and_the_last_line_it_printed_stdout_first() -> None:
+    """The words of an Ansible retry, shared by the stdout callback and the progress plugin."""
+    answer = {"attempts": 3, "retries": 961, "stdout": "x\nunit active; gate: 45s", "stderr": "e", "msg": "rc 75"}
+    assert progress.retry_words(answer) == ("attempt 3 of 961", "unit active; gate: 45s")
+    assert progress.retry_words({"attempts": 2, "stderr": "  \n", "msg": "non-zero return code"}) == (
+        "attempt 2",
+        "non-zero return code",
+    )
+    assert progress.retry_words({}) == ("attempt ?", "")

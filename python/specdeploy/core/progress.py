@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -77,6 +77,18 @@ def duration(seconds: float) -> str:
 def line(name: str, elapsed: float, last: str | None) -> str:
     """The ticker's line: the step, its time so far and what it last saw."""
     return f"{time.strftime('%H:%M:%S')} {name}: {duration(elapsed)}, last: {last or 'started, no output yet'}"
+
+
+def retry_words(answer: Mapping[str, Any]) -> tuple[str, str]:
+    """One retry of an Ansible `until` loop as both callback plugins say it (ansible/callback_plugins):
+    `attempt 3 of 961` (Ansible's `retries` counts every attempt, the first too: a retry is a wait, not a
+    failure) and the attempt's last line of output, stdout before stderr before the module's message (a
+    retried probe says there what it waits for, as `gate-wait` does; its `msg` is "non-zero return
+    code"), or "" where it said nothing."""
+    total = answer.get("retries")
+    attempt = f"attempt {answer.get('attempts', '?')}" + (f" of {total}" if isinstance(total, int) else "")
+    said = next((str(answer[k]).strip() for k in ("stdout", "stderr", "msg") if str(answer.get(k) or "").strip()), "")
+    return attempt, said.splitlines()[-1] if said else ""
 
 
 def plain(text: str) -> None:
