@@ -16,7 +16,7 @@ cannot be read.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -24,6 +24,9 @@ from rich.table import Table
 from specdeploy.cli import base, output
 from specdeploy.core import files, layout, progress
 from specdeploy.core.errors import InputFileError, SpecdeployError, UsageError
+
+if TYPE_CHECKING:  # the migrate stage loads when a step runs (the CLI starts fast)
+    from specdeploy.migrate.record import MigrationRecord
 
 migrate_app = base.group(
     "Move a serving deployment to a new host: plan, prepare, verify, cutover, rollback, finish (docs/migration.md)."
@@ -121,7 +124,7 @@ def _step(
     as_json: bool,
     **options: Any,
 ) -> None:
-    from specdeploy.migrate import hosts, record, steps
+    from specdeploy.migrate import record
 
     record.check_host_name(old, "--from")
     record.check_host_name(new, "--to")
@@ -161,38 +164,7 @@ def _step(
     # it. A cutover's drain polls the front with many short commands, none of which lasts a period on its
     # own, and reading a loaded site's inventory and vault for three hosts took 25 s before a step began.
     with progress.step(f"migrate {step}"):
-
-        def access(name: str) -> Any:
-            progress.observe(f"reading {name}'s connection from the inventory")
-            return hosts.access(inventory, name, vault_password_file=vault)
-
-        front_accesses = [access(name) for name in fronts]
-        front_access = front_accesses[0] if front_accesses else None
-        if hook is None and socket is None and front_access is not None:  # the inventory's, as the roles read it
-            hook = front_access.variables.get("front_hook") or None
-        m = steps.Migration(
-            site=site, inventory=inventory.resolve(), old=access(old), new=access(new),
-            front=front_access, other_fronts=front_accesses[1:], front_socket=socket, front_hook=hook,
-            vault_password_file=vault,
-            deploy_args=deploy_args,
-            progress=_say(step),
-        )  # fmt: skip
-        if options.get("seed_from") is not None:
-            options["seed_from"] = access(options["seed_from"])
-        rec.start(step)  # type: ignore[arg-type]
-        record.save(site, rec)
-        try:
-            details = getattr(steps, step)(m, rec, **options)
-        except SpecdeployError as exc:
-            rec.end(step, False, exc.message, {"hint": exc.hint})  # type: ignore[arg-type]
-            record.save(site, rec)
-            raise
-        except BaseException as exc:  # interrupted, or a bug: recorded, then raised as it was
-            rec.end(step, False, f"stopped: {type(exc).__name__}: {exc}")  # type: ignore[arg-type]
-            record.save(site, rec)
-            raise
-        finally:
-            m.close()
+        details = _run_step(step, rec, site, inventory, old, new, fronts, (socket, hook), vault, deploy_args, options)
     summary = _summary(step, details)
     rec.end(step, True, summary, details)  # type: ignore[arg-type]
     where = record.save(site, rec)
@@ -206,6 +178,57 @@ def _step(
         output.out.print(f"[green]{step} done[/]: {output.text(summary)}; traffic on {rec.traffic_on}; record {where}")
 
     output.emit(data, as_json, table)
+
+
+def _run_step(
+    step: str,
+    rec: MigrationRecord,
+    site: Path,
+    inventory: Path,
+    old: str,
+    new: str,
+    fronts: list[str],
+    door: tuple[str | None, str | None],
+    vault: Path | None,
+    deploy_args: list[str],
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """The step itself, inside its progress step: each host's connection read from the inventory (each
+    read said), the step run, and its start and end (or how it stopped) in the migration's record."""
+    from specdeploy.migrate import hosts, record, steps
+
+    def access(name: str) -> Any:
+        progress.observe(f"reading {name}'s connection from the inventory")
+        return hosts.access(inventory, name, vault_password_file=vault)
+
+    socket, hook = door
+    front_accesses = [access(name) for name in fronts]
+    front_access = front_accesses[0] if front_accesses else None
+    if hook is None and socket is None and front_access is not None:  # the inventory's, as the roles read it
+        hook = front_access.variables.get("front_hook") or None
+    m = steps.Migration(
+        site=site, inventory=inventory.resolve(), old=access(old), new=access(new),
+        front=front_access, other_fronts=front_accesses[1:], front_socket=socket, front_hook=hook,
+        vault_password_file=vault,
+        deploy_args=deploy_args,
+        progress=_say(step),
+    )  # fmt: skip
+    if options.get("seed_from") is not None:
+        options["seed_from"] = access(options["seed_from"])
+    rec.start(step)  # type: ignore[arg-type]
+    record.save(site, rec)
+    try:
+        return getattr(steps, step)(m, rec, **options)
+    except SpecdeployError as exc:
+        rec.end(step, False, exc.message, {"hint": exc.hint})  # type: ignore[arg-type]
+        record.save(site, rec)
+        raise
+    except BaseException as exc:  # interrupted, or a bug: recorded, then raised as it was
+        rec.end(step, False, f"stopped: {type(exc).__name__}: {exc}")  # type: ignore[arg-type]
+        record.save(site, rec)
+        raise
+    finally:
+        m.close()
 
 
 def _summary(step: str, details: dict[str, Any]) -> str:
