@@ -211,7 +211,6 @@ class Move:
     logs: Path
     # the longest stretch without a line of output of each `migrate` step run (issue 37: none over 30 s)
     silences: dict[str, float] = field(default_factory=dict, init=False)  # the longest over its runs
-    last_silence: float = field(default=0.0, init=False)  # the last step run's
 
     def command_line(self, step: str, *extra: str) -> list[str]:
         argv = [
@@ -240,7 +239,7 @@ class Move:
 
     def step(self, step: str, *extra: str) -> tuple[int, dict[str, Any]]:
         """`specdeploy migrate STEP` as a person runs it (its output kept in `logs`): (exit code, its JSON
-        with `stderr` added)."""
+        with `stderr` and this run's `longest_silence_s` added)."""
         env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         # its messages and progress lines shown as they come (stdout is its JSON, kept for the rows)
         done = progress.timed_run(
@@ -249,12 +248,11 @@ class Move:
         self.logs.mkdir(parents=True, exist_ok=True)
         (self.logs / f"migrate-{step}.log").write_text(done.stdout + done.stderr)
         self.silences[step] = max(self.silences.get(step, 0.0), done.longest_silence)
-        self.last_silence = done.longest_silence
         try:
             data = json.loads(done.stdout) if done.stdout.strip() else {}
         except json.JSONDecodeError:
             data = {"stdout": done.stdout[-2000:]}
-        return done.returncode, data | {"stderr": done.stderr}
+        return done.returncode, data | {"stderr": done.stderr, "longest_silence_s": done.longest_silence}
 
     def front_status(self) -> dict[str, dict[str, Any]]:
         from specdeploy.core import layout
@@ -367,16 +365,16 @@ def run_steps(move: Move, steps: tuple[str, ...], spec: LoadSpec) -> list[dict[s
             out["load"] = result.to_json()
         else:
             code, out = move.step(step)
-        rows.append(_row(move, step, code, out))
+        rows.append(_row(step, code, out))
         if code != 0:
             break
     return rows
 
 
-def _row(move: Move, step: str, code: int, out: dict[str, Any]) -> dict[str, Any]:
+def _row(step: str, code: int, out: dict[str, Any]) -> dict[str, Any]:
     """A step run's row: step, exit, summary (else its stderr's end), its longest silence, its load."""
     summary = out.get("summary") or out["stderr"].strip()[-300:]
-    row = {"step": step, "exit": code, "summary": summary, "longest_silence_s": round(move.last_silence, 1)}
+    row = {"step": step, "exit": code, "summary": summary, "longest_silence_s": round(out["longest_silence_s"], 1)}
     return row | ({"load": out["load"]} if "load" in out else {})
 
 
@@ -445,5 +443,5 @@ def main_job_move(*, requests: int | None = None, finish: bool = False) -> list[
     if finish and moved(rows):
         print(f"$ {' '.join(move.command_line('finish', '--stop-old')[1:])}  (after the soak)", file=sys.stderr)
         code, out = move.finish_after_soak(profile.migration.soak_s)
-        rows.append(_row(move, "finish", code, out))
+        rows.append(_row("finish", code, out))
     return rows
