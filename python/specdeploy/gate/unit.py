@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -230,7 +229,7 @@ def run(
     progress_s: float = PROGRESS_S,
 ) -> dict[str, Any]:
     """Start `argv` as the unit of `run_id` (`start`), wait for it to end (`wait`) and return its report."""
-    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    say = progress or steps.plain  # through progress's one writer: never interleaved with a ticker's line
     name = start(argv, run_id, systemd_run=systemd_run)
     say(f"gate: running as {name} (it finishes even if this command is killed; journalctl -u {name})")
     report = wait(
