@@ -27,10 +27,8 @@ in tests/integration/test_real_model.py and the migration chain's last test (the
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -321,7 +319,7 @@ def test_a_second_play_against_the_host_is_refused_naming_the_play_that_holds_it
         assert first.wait(900) == 0, log.read_text()[-4000:]
     finally:
         if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
+            container_rig.kill_controller(first, run_id)
     assert _lock_holder(rig) is None  # the first gave it back
 
 
@@ -340,9 +338,12 @@ def test_a_controller_killed_during_the_gate_leaves_a_finished_report_and_the_pr
         state = _wait_on_host(rig, f"systemctl is-active {gate_unit}", "active", 900)
         assert state == "active", log.read_text()[-4000:]
     finally:
-        os.killpg(controller.pid, signal.SIGKILL)  # the controller's machine dies mid-gate
-        controller.wait(30)
+        container_rig.kill_controller(controller, run_id)  # the controller's machine dies mid-gate
     assert "PLAY RECAP" not in log.read_text()
+    deadline = time.monotonic() + 10  # every process of the play is gone (the kernel reaps them)
+    while container_rig.controller_processes(run_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert container_rig.controller_processes(run_id) == []
     assert _wait_on_host(rig, f"systemctl is-active {gate_unit}", "inactive", 900) == "inactive"
     report = deploy.gate_report(rig.host, run_id)
     assert report is not None and report["verdict"] == "fail" and report["finished_at"], report

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -143,3 +144,26 @@ def start_play(rig: Rig, *, profiles: Path | None = None) -> tuple[subprocess.Po
             stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
     return process, run_id, log
+
+
+def controller_processes(run_id: str) -> list[int]:
+    """The pids of every process of the play of `run_id` (its command line carries the run id)."""
+    mark = f"specdeploy_run_id={run_id}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if mark in (proc / "cmdline").read_bytes().split(b"\0"):
+                    pids.append(int(proc.name))
+    return pids
+
+
+def kill_controller(process: subprocess.Popen[bytes], run_id: str) -> None:
+    """The controller's machine dying mid-play: SIGKILL to the play's process group and to each of
+    Ansible's workers, which leave it (ansible-core's WorkerProcess calls os.setsid(); one left alive
+    slept for good beside the next test run)."""
+    os.killpg(process.pid, signal.SIGKILL)
+    for pid in controller_processes(run_id):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait(30)
