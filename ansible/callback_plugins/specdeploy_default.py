@@ -26,12 +26,15 @@ short_description: "the default output; a retried task says it waits and on what
 description:
   - >-
     The default callback, except for a retry of an C(until) loop, which prints
-    C(waiting: [host]: the attempt's last output line (attempt N of M: task)).
+    C(waiting: [host]: the attempt's last output line (attempt N of M: task)) where the controller's
+    Python can import specdeploy (its words come from specdeploy.core.progress), and the default
+    retry line where it cannot.
 extends_documentation_fragment:
   - default_callback
   - result_format_callback
 requirements:
   - set as stdout_callback in ansible.cfg
+  - specdeploy in the controller's Python for the waiting line (else the default retry line)
 """
 
 

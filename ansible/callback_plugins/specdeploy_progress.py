@@ -33,6 +33,7 @@ requirements:
 
 try:
     from specdeploy.core import progress
+    from specdeploy.core.progress import retry_words  # an older package without it: as without the package
 except ImportError:  # a controller without the package: default output only
     progress = None
 
@@ -137,7 +138,7 @@ class CallbackModule(CallbackBase):
     def v2_runner_retry(self, result: Any) -> None:
         if progress is None:
             return
-        attempt, said = progress.retry_words(result.result if hasattr(result, "result") else result._result)
+        attempt, said = retry_words(result.result if hasattr(result, "result") else result._result)
         self._seen(self._host(result), f"{attempt}{': ' + said if said else ''}", done=False)
 
     def v2_runner_item_on_ok(self, result: Any) -> None:

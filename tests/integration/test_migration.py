@@ -449,7 +449,14 @@ def test_new_s_engine_killed_after_cutover_every_later_request_is_served_by_old_
     servers = site.front_status()
     assert servers[f"{site.old.name}--backup"]["state"] == "ready", servers
     assert servers[NEW_NAME]["state"] == "ready" and servers[site.old.name]["state"] == "maint", servers
-    _wait_new_up(site)  # the kill needs NEW's engine serving, not between restarts (the load would go to OLD)
+    # the kill needs NEW's engine serving, not between restarts (the load would go to OLD's backup): the
+    # front calls it up, and its container runs (the front's checks lag a restart by up to three checks)
+    _wait_new_up(site)
+    is_running = "podman container inspect --format '{{.State.Running}}' " + layout.UNIT_NAME
+    deadline = time.monotonic() + 600
+    while (seen := site.new.ssh(is_running, check=False)).stdout.strip() != "true":
+        assert time.monotonic() < deadline, _engine_state(site, seen)
+        time.sleep(2)
     with site.load(total=4 * migration.LOAD_IN_FLIGHT) as running:  # four waves: most start after the kill
         assert running.wait_streaming(migration.LOAD_IN_FLIGHT // 2, 120)
         killed_at = time.monotonic()

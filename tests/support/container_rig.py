@@ -159,11 +159,11 @@ def controller_processes(run_id: str) -> list[int]:
 
 
 def kill_controller(process: subprocess.Popen[bytes], run_id: str) -> None:
-    """The controller's machine dying mid-play: SIGKILL to the play's process group and to each of
-    Ansible's workers, which leave it (ansible-core's WorkerProcess calls os.setsid(); one left alive
-    slept for good beside the next test run)."""
+    """The controller's machine dying mid-play: SIGKILL to the play's process group and to the group of
+    each of Ansible's workers (with their SSH connections), which leave it (ansible-core's WorkerProcess
+    calls os.setsid(); one left alive slept for good beside the next test run)."""
     os.killpg(process.pid, signal.SIGKILL)
-    for pid in controller_processes(run_id):
+    for pid in controller_processes(run_id):  # each worker leads a group of its own, its SSH connections in it
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
     process.wait(30)

@@ -101,6 +101,7 @@ def test_without_the_package_on_the_controller_each_look_gets_ansible_s_own_retr
     assert "FAILED - RETRYING: [localhost]: Gate the new stack" in done.stdout, done.stdout[-3000:]
     assert not any(line.startswith("waiting: ") for line in done.stdout.splitlines())
     assert "specdeploy_progress: specdeploy is not importable here" in done.stdout + done.stderr
+    assert "Failure using method" not in done.stdout + done.stderr  # neither plugin broke on a retry
 
 
 def test_a_gate_that_fails_fails_the_play_with_its_report_and_exit_code(tmp_path: Path) -> None:
