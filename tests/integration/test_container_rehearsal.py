@@ -338,12 +338,9 @@ def test_a_controller_killed_during_the_gate_leaves_a_finished_report_and_the_pr
         state = _wait_on_host(rig, f"systemctl is-active {gate_unit}", "active", 900)
         assert state == "active", log.read_text()[-4000:]
     finally:
-        container_rig.kill_controller(controller, run_id)  # the controller's machine dies mid-gate
+        left = container_rig.kill_controller(controller, run_id)  # the controller's machine dies mid-gate
+    assert left == []  # every process of the play, its workers too
     assert "PLAY RECAP" not in log.read_text()
-    deadline = time.monotonic() + 10  # every process of the play is gone (the kernel reaps them)
-    while container_rig.controller_processes(run_id) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert container_rig.controller_processes(run_id) == []
     assert _wait_on_host(rig, f"systemctl is-active {gate_unit}", "inactive", 900) == "inactive"
     report = deploy.gate_report(rig.host, run_id)
     assert report is not None and report["verdict"] == "fail" and report["finished_at"], report

@@ -501,7 +501,7 @@ def _engine_state(site: Site, failed: subprocess.CompletedProcess[str]) -> str:
         f"systemctl status --no-pager --lines=0 {layout.UNIT_NAME}",
         f"journalctl --no-pager -n 30 -u {layout.UNIT_NAME}",
     )
-    seen = [f"{failed.args[-1]!r} exited {failed.returncode}: {failed.stderr.strip() or failed.stdout.strip()}"]
+    seen = [str(hosts.RemoteCommandFailed(site.new.name, failed))]
     seen += [f"$ {look}\n{site.new.ssh(look, check=False).stdout.strip()}" for look in looks]
     return "\n".join(seen)
 

@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,12 +159,17 @@ def controller_processes(run_id: str) -> list[int]:
     return pids
 
 
-def kill_controller(process: subprocess.Popen[bytes], run_id: str) -> None:
+def kill_controller(process: subprocess.Popen[bytes], run_id: str, *, within_s: float = 10) -> list[int]:
     """The controller's machine dying mid-play: SIGKILL to the play's process group and to the group of
     each of Ansible's workers (with their SSH connections), which leave it (ansible-core's WorkerProcess
-    calls os.setsid(); one left alive slept for good beside the next test run)."""
+    calls os.setsid(); one left alive slept for good beside the next test run). Returns the play's
+    processes still there `within_s` later (none, when the kill reached them all)."""
     os.killpg(process.pid, signal.SIGKILL)
     for pid in controller_processes(run_id):  # each worker leads a group of its own, its SSH connections in it
         with contextlib.suppress(ProcessLookupError):
             os.killpg(os.getpgid(pid), signal.SIGKILL)
     process.wait(30)
+    deadline = time.monotonic() + within_s
+    while (left := controller_processes(run_id)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
