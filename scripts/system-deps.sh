@@ -3,7 +3,7 @@
 # test hosts, busybox-static and debootstrap for local base images, nix-bin to parse the
 # flake, git-lfs for the hub-mirror repositories of the fetch tests, prometheus for promtool (the
 # alert rules' tests), haproxy and openssl for the site's front door (its tests run the real
-# HAProxy over TLS), python3 (with venv) for scripts/setup.sh. Installs only what is missing;
+# HAProxy over TLS), acct for a CPU benchmark, python3 (with venv) for scripts/setup.sh. Installs only what is missing;
 # needs root (CI and these machines run as root).
 # tests/unit/test_programs.py checks every program the tests and scripts run is installed here
 # (or says where else it comes from).
@@ -33,6 +33,10 @@ command -v openssl >/dev/null || need+=(openssl)
 # iptables: the listener's test makes a dead engine's port swallow connections (a DROP rule on loopback,
 # removed after it), as podman's forwarded port does for a moment after its container is killed.
 command -v iptables >/dev/null || need+=(iptables)
+# acct: process accounting (accton, dump-acct) for benchmarks/cpu_by_program.py, which says where a
+# command's CPU goes by program. Its package turns accounting on where systemd runs: turned off below.
+command -v accton >/dev/null || need+=(acct)
+command -v dump-acct >/dev/null || need+=(acct)
 # python3 builds the venv (scripts/setup.sh); `python3 -m venv` needs ensurepip: Debian's python3-venv.
 command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
@@ -53,5 +57,8 @@ if [ ${#need[@]} -gt 0 ]; then
   # run from the rendered file only (tests start their own HAProxy on loopback ports).
   if [[ " ${need[*]} " == *" haproxy "* ]] && [ -d /run/systemd/system ]; then
     systemctl disable --now haproxy.service >&2 || true
+  fi
+  if [[ " ${need[*]} " == *" acct "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now acct.service >&2 || true
   fi
 fi

@@ -105,6 +105,7 @@ PASS_THROUGH: dict[tuple[str, str], str] = {
     ): ("the base python making a venv, then the specdeploy role's own argv (that venv's pip)"),
     ("python/specdeploy/images/lock.py", "find_uv"): "uv: --uv, else PATH, else beside sys.executable (dev venv)",
     ("python/specdeploy/images/lock.py", "produce"): "the uv find_uv chose",
+    ("benchmarks/cpu_by_program.py", "main"): "the command its caller measures (the argv after --)",
 }
 
 # Programs that run another program their argv names (the scan records both): git runs
