@@ -33,7 +33,7 @@ requirements:
 
 try:
     from specdeploy.core import progress
-    from specdeploy.core.progress import retry_words  # an older package without it: as without the package
+    from specdeploy.core.progress import last_said, retry_words  # an older package without them: as without it
 except ImportError:  # a controller without the package: default output only
     progress = None
 
@@ -93,9 +93,7 @@ class CallbackModule(CallbackBase):
     @staticmethod
     def _message(result: Any) -> str:
         """The last line a result says: the module's message, else a command's stderr or stdout."""
-        answer = result.result if hasattr(result, "result") else result._result
-        text = next((answer[k] for k in ("msg", "stderr", "stdout") if answer.get(k)), "")
-        return str(text).strip().splitlines()[-1] if str(text).strip() else ""
+        return last_said(result.result if hasattr(result, "result") else result._result, "msg", "stderr", "stdout")
 
     @staticmethod
     def _host(result: Any) -> str:

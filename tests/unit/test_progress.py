@@ -312,3 +312,16 @@ def test_a_retry_says_its_attempt_of_all_and_the_last_line_it_printed_stdout_fir
         "non-zero return code",
     )
     assert progress.retry_words({}) == ("attempt ?", "")
+
+
+def test_a_failure_says_the_module_s_message_first_and_a_retry_its_output_first() -> None:
+    """One helper reads an Ansible result's last line, in the order each caller asks: the progress plugin's
+    failure line the module's message, then stderr, then stdout; a retry stdout first."""
+    answer = {"msg": "non-zero return code", "stderr": "e1\nengine refused", "stdout": "out"}
+    assert progress.last_said(answer, "msg", "stderr", "stdout") == "non-zero return code"
+    assert progress.last_said(answer, "stdout", "stderr", "msg") == "out"
+    assert (
+        progress.last_said({"msg": " ", "stderr": "e1\nengine refused\n"}, "msg", "stderr", "stdout")
+        == "engine refused"
+    )
+    assert progress.last_said({"rc": 1}, "msg", "stderr", "stdout") == ""

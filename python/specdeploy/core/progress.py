@@ -87,8 +87,14 @@ def retry_words(answer: Mapping[str, Any]) -> tuple[str, str]:
     code"), or "" where it said nothing."""
     total = answer.get("retries")
     attempt = f"attempt {answer.get('attempts', '?')}" + (f" of {total}" if isinstance(total, int) else "")
-    said = next((str(answer[k]).strip() for k in ("stdout", "stderr", "msg") if str(answer.get(k) or "").strip()), "")
-    return attempt, said.splitlines()[-1] if said else ""
+    return attempt, last_said(answer, "stdout", "stderr", "msg")
+
+
+def last_said(answer: Mapping[str, Any], *keys: str) -> str:
+    """The last line of the first of `keys` an Ansible result says something in (a retry reads stdout
+    first, a failure the module's message first), or "" where it said nothing."""
+    said = next((str(answer[k]).strip() for k in keys if str(answer.get(k) or "").strip()), "")
+    return said.splitlines()[-1] if said else ""
 
 
 def plain(text: str) -> None:
