@@ -45,7 +45,7 @@ RULES: tuple[tuple[str, str, str, str | None], ...] = (
     ("this benchmark (its sampler)", "cmd", r"cpu_by_program\.py", None),
     ("podman (images, containers)", "comm", r"^(podman|conmon|runc|crun|catatonit|netavark|aardvark-dns|exe)$", None),
     ("vLLM engine", "comm", r"^(VLLM::|gloo_tcp_loop|pt_gloo|ZMQbg)", None),
-    ("vLLM engine", "cmd", r"vllm\.entrypoints|vllm\.model_executor|multiprocessing\.spawn", None),
+    ("vLLM engine", "cmd", r"^VLLM::|vllm\.entrypoints|vllm\.model_executor|multiprocessing\.spawn", None),
     ("vllm bench serve", "cmd", r"bench serve|vllm\.benchmarks", None),
     ("specdeploy CLI on a host", "comm", r"^specdeploy$", ON_A_HOST),
     ("specdeploy CLI on a host", "cmd", r"bin/specdeploy |-m specdeploy ", ON_A_HOST),
