@@ -20,6 +20,7 @@ meanwhile. Not a test: the figures vary with the machine. Results in docs/benchm
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -30,13 +31,15 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-HZ = os.sysconf("SC_CLK_TCK")
+HZ = os.sysconf("SC_CLK_TCK")  # /proc's ticks
+ACCT_HZ = 100  # accounting's v3 records count in AHZ, always 100 a second
 SAMPLE_S = 1.0
 ON_A_HOST = r"^conmon$"  # an ancestor named so: the process ran in a container (a test host, an engine)
 # (class, what is matched: "comm" (the process's name, 15 characters) or "cmd" (its command line),
@@ -47,6 +50,8 @@ RULES: tuple[tuple[str, str, str, str | None], ...] = (
     ("vLLM engine", "comm", r"^(VLLM::|gloo_tcp_loop|pt_gloo|ZMQbg)", None),
     ("vLLM engine", "cmd", r"^VLLM::|vllm\.entrypoints|vllm\.model_executor|multiprocessing\.spawn", None),
     ("vllm bench serve", "cmd", r"bench serve|vllm\.benchmarks", None),
+    ("gated hub and registry", "comm", r"^(olah|docker-registry|uvicorn)", None),
+    ("gated hub and registry", "cmd", r"/opt/olah/|/opt/hub/gating\.py", None),
     ("specdeploy CLI on a host", "comm", r"^specdeploy$", ON_A_HOST),
     ("specdeploy CLI on a host", "cmd", r"bin/specdeploy |-m specdeploy ", ON_A_HOST),
     ("specdeploy CLI on the controller", "comm", r"^specdeploy$", None),
@@ -59,8 +64,7 @@ RULES: tuple[tuple[str, str, str, str | None], ...] = (
     ("ssh client (and file copies)", "comm", r"^(ssh|scp|sftp)$", None),
     ("pip", "comm", r"^pip", None),
     ("archives (tar, gzip)", "comm", r"^(tar|gzip|zstd|xz|pigz)$", None),
-    ("pytest (the tests themselves)", "cmd", r"pytest|execnet", None),
-    ("gated hub and registry", "comm", r"^(olah|docker-registry|uvicorn)", None),
+    ("pytest (the tests themselves)", "cmd", r"^\[pytest-xdist|-m pytest|bin/pytest |execnet", None),
     ("kernel threads", "comm", r"^(kworker|kswapd|kcompactd|kdamond|ksoftirqd|rcu_|migration/|khugepaged)", None),
     ("other Python", "comm", r"^python", None),
 )
@@ -79,7 +83,6 @@ class Proc:
     cmd: str = ""
     cpu_s: float = 0.0
     at_start_s: float = 0.0  # CPU it had used before the command began (seen in the first sample)
-    ended: bool = False
 
 
 def classify(comm: str, cmd: str, ancestors: list[str]) -> str:
@@ -97,12 +100,10 @@ def parse_dump_acct(text: str) -> list[Proc]:
     the kernel's clock ticks) as ended processes."""
     procs = []
     for line in text.splitlines():
-        f = [x.strip() for x in line.split("|")]
-        if len(f) < 11 or f[1] != "v3":
+        f = [x.strip() for x in line.rsplit("|", 14)]  # from the right: a name may hold "|"
+        if len(f) != 15 or f[1] != "v3":
             continue
-        procs.append(
-            Proc(pid=int(f[9]), ppid=int(f[10]), comm=f[0], cpu_s=(float(f[2]) + float(f[3])) / HZ, ended=True)
-        )
+        procs.append(Proc(pid=int(f[9]), ppid=int(f[10]), comm=f[0], cpu_s=(float(f[2]) + float(f[3])) / ACCT_HZ))
     return procs
 
 
@@ -144,7 +145,8 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
-            self.sample()
+            with contextlib.suppress(OSError, ValueError, IndexError):  # a process half gone: the next sample
+                self.sample()
             self.done.wait(SAMPLE_S)
 
 
@@ -168,9 +170,9 @@ def attribute(ended: list[Proc], sampled: list[Proc]) -> dict[str, dict[str, flo
 
     totals: dict[str, dict[str, float]] = defaultdict(lambda: {"cpu_s": 0.0, "processes": 0})
     matched: set[int] = set()
-    for proc in ended:
-        candidates = by_pid.get(proc.pid, [])
-        twin = next((c for c in candidates if c.comm[:15] == proc.comm[:15]), candidates[-1] if candidates else None)
+    for proc in ended:  # in the order they ended; a pid used again is another sampled process
+        candidates = [c for c in by_pid.get(proc.pid, []) if id(c) not in matched]
+        twin = next((c for c in candidates if c.comm[:15] == proc.comm[:15]), candidates[0] if candidates else None)
         cpu = proc.cpu_s
         if twin is not None:
             matched.add(id(twin))
@@ -197,19 +199,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress lines, also into a file
-    console = Console()
+    console = Console(highlight=False)
     if args.from_raw:
         raw = json.loads(args.from_raw.read_text())
-        ended, sampled = ([Proc(**p) for p in raw[part]] for part in ("ended", "sampled"))
-        _report(console, args.json, raw["command"], raw["exit"], raw["wall_s"], attribute(ended, sampled))
+        known = {f.name for f in fields(Proc)}
+        ended, sampled = (
+            [Proc(**{k: v for k, v in p.items() if k in known}) for p in raw[part]] for part in ("ended", "sampled")
+        )
+        cores = raw.get("cores") or os.cpu_count() or 1
+        _report(console, args.json, raw["command"], raw["exit"], raw["wall_s"], cores, attribute(ended, sampled))
         return 0
     if not command:
         parser.error("give the command to measure after --")
     missing = [p for p in ("accton", "dump-acct") if shutil.which(p) is None]
     if missing or os.geteuid() != 0:
-        console.print(f"[red]error:[/] needs root and {', '.join(missing) or 'process accounting'} "
-                      "(Debian's acct; scripts/system-deps.sh installs it)")  # fmt: skip
+        console.print(f"error: needs root and {', '.join(missing) or 'process accounting'} "
+                      "(Debian's acct; scripts/system-deps.sh installs it)", markup=False)  # fmt: skip
         return 2
+    cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="cpu-by-program-") as tmp:
         pacct = Path(tmp) / "pacct"
         pacct.touch()
@@ -217,9 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         sampler = Sampler()
         sampler.sample()
         sampler.start()
-        subprocess.run(["accton", str(pacct)], check=True, capture_output=True)
+        proc: subprocess.Popen[bytes] | None = None
         start = time.monotonic()
         try:
+            on = subprocess.run(["accton", str(pacct)], check=False, capture_output=True, text=True)
+            if on.returncode != 0:
+                console.print(f"error: accton {pacct} refused ({on.stderr.strip()}): process accounting is off "
+                              "here (a container without CAP_SYS_PACCT, a kernel without BSD accounting)",
+                              markup=False)  # fmt: skip
+                return 2
             with log.open("w") as out:
                 proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
                 said = start
@@ -227,22 +240,31 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(1)
                     if time.monotonic() - said >= 30:
                         said = time.monotonic()
-                        console.print(f"{time.strftime('%H:%M:%S')} running {int(time.monotonic() - start)}s, "
-                                      f"{len(sampler.seen)} processes seen; last line: {_last_line(log)}")  # fmt: skip
+                        console.print(f"{time.strftime('%H:%M:%S')} running {int(said - start)}s, "
+                                      f"{len(sampler.seen)} processes seen; last line: {_last_line(log)}",
+                                      markup=False)  # fmt: skip
+        except OSError as exc:  # the command's program is missing or cannot run
+            console.print(f"error: cannot run {command[0]}: {exc}", markup=False)
+            return 2
         finally:
+            if proc is not None and proc.poll() is None:  # interrupted: the command goes too
+                proc.terminate()
+                proc.wait()
             subprocess.run(["accton", "off"], check=False, capture_output=True)
             sampler.done.set()
             sampler.join()
         wall = time.monotonic() - start
-        ended = parse_dump_acct(
-            subprocess.run(["dump-acct", str(pacct)], check=True, capture_output=True, text=True).stdout
-        )
+        dumped = subprocess.run(["dump-acct", str(pacct)], check=False, capture_output=True, text=True)
+        if dumped.returncode != 0:
+            console.print(f"error: dump-acct {pacct}: {dumped.stderr.strip()}", markup=False)
+            return 2
+        ended = parse_dump_acct(dumped.stdout)
     sampled = list(sampler.seen.values())
     if args.raw:
-        kept = {"command": command, "exit": proc.returncode, "wall_s": round(wall, 1)}
+        kept = {"command": command, "exit": proc.returncode, "wall_s": round(wall, 1), "cores": cores}
         kept |= {"ended": [asdict(p) for p in ended], "sampled": [asdict(p) for p in sampled]}
         args.raw.write_text(json.dumps(kept) + "\n")
-    _report(console, args.json, command, proc.returncode, wall, attribute(ended, sampled))
+    _report(console, args.json, command, proc.returncode, wall, cores, attribute(ended, sampled))
     return proc.returncode
 
 
@@ -252,23 +274,24 @@ def _report(
     command: list[str],
     code: int,
     wall: float,
+    cores: int,
     totals: dict[str, dict[str, float]],
 ) -> None:
     """The table by class, and the figures as JSON when asked."""
     total = sum(row["cpu_s"] for row in totals.values())
-    table = Table(title=f"CPU by program: {' '.join(command)[:80]} (exit {code}, {wall:.0f} s wall)")
+    table = Table(title=escape(f"CPU by program: {' '.join(command)[:80]} (exit {code}, {wall:.0f} s wall)"))
     for column in ("class", "CPU s", "share", "processes"):
         table.add_column(column, justify="left" if column == "class" else "right")
     for label, row in sorted(totals.items(), key=lambda kv: -kv[1]["cpu_s"]):
         if row["cpu_s"] >= 0.5:
             table.add_row(
-                label, f"{row['cpu_s']:.1f}", f"{100 * row['cpu_s'] / total:.1f}%", str(int(row["processes"]))
+                escape(label), f"{row['cpu_s']:.1f}", f"{100 * row['cpu_s'] / total:.1f}%", str(int(row["processes"]))
             )
-    table.add_row("all", f"{total:.1f}", f"{100 * total / (wall * (os.cpu_count() or 1)):.0f}% of the cores", "")
+    table.add_row("all", f"{total:.1f}", f"{100 * total / (wall * cores):.0f}% of the cores", "")
     console.print(table)
     if json_out:
         json_out.write_text(json.dumps({"command": command, "exit": code, "wall_s": round(wall, 1),
-                                         "cores": os.cpu_count(), "cpu_s": round(total, 1),
+                                         "cores": cores, "cpu_s": round(total, 1),
                                          "classes": totals}, indent=1) + "\n")  # fmt: skip
 
 

@@ -3,8 +3,8 @@
 # test hosts, busybox-static and debootstrap for local base images, nix-bin to parse the
 # flake, git-lfs for the hub-mirror repositories of the fetch tests, prometheus for promtool (the
 # alert rules' tests), haproxy and openssl for the site's front door (its tests run the real
-# HAProxy over TLS), acct for a CPU benchmark, python3 (with venv) for scripts/setup.sh. Installs only what is missing;
-# needs root (CI and these machines run as root).
+# HAProxy over TLS), acct for a CPU benchmark, python3 (with venv) for scripts/setup.sh.
+# Installs only what is missing; needs root (CI and these machines run as root).
 # tests/unit/test_programs.py checks every program the tests and scripts run is installed here
 # (or says where else it comes from).
 set -euo pipefail
@@ -58,7 +58,15 @@ if [ ${#need[@]} -gt 0 ]; then
   if [[ " ${need[*]} " == *" haproxy "* ]] && [ -d /run/systemd/system ]; then
     systemctl disable --now haproxy.service >&2 || true
   fi
-  if [[ " ${need[*]} " == *" acct "* ]] && [ -d /run/systemd/system ]; then
-    systemctl disable --now acct.service >&2 || true
+  # acct's package turns machine-wide accounting on (its service, or its init script where systemd does not
+  # run, and cron.daily after): only the benchmark turns it on, for its own run.
+  if [[ " ${need[*]} " == *" acct "* ]]; then
+    if [ -d /run/systemd/system ]; then
+      systemctl disable --now acct.service >&2 || true
+    else
+      accton off >&2 || true
+    fi
+    # the file is sourced: a later assignment wins
+    if [ -f /etc/default/acct ]; then printf 'ACCT_ENABLE="0"\n' >>/etc/default/acct; fi
   fi
 fi

@@ -93,6 +93,8 @@ class CallbackModule(CallbackBase):
     @staticmethod
     def _message(result: Any) -> str:
         """The last line a result says: the module's message, else a command's stderr or stdout."""
+        if progress is None:  # no package (no step to report to either)
+            return ""
         return last_said(result.result if hasattr(result, "result") else result._result, "msg", "stderr", "stdout")
 
     @staticmethod
