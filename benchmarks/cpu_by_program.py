@@ -38,6 +38,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from specdeploy.core import progress
+
 HZ = os.sysconf("SC_CLK_TCK")  # /proc's ticks
 ACCT_HZ = 100  # accounting's v3 records count in AHZ, always 100 a second
 SAMPLE_S = 1.0
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler = Sampler()
         sampler.sample()
         sampler.start()
-        proc: subprocess.Popen[bytes] | None = None
+        code = 2
         start = time.monotonic()
         try:
             on = subprocess.run(["accton", str(pacct)], check=False, capture_output=True, text=True)
@@ -233,23 +235,13 @@ def main(argv: list[str] | None = None) -> int:
                               "here (a container without CAP_SYS_PACCT, a kernel without BSD accounting)",
                               markup=False)  # fmt: skip
                 return 2
-            with log.open("w") as out:
-                proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-                said = start
-                while proc.poll() is None:
-                    time.sleep(1)
-                    if time.monotonic() - said >= 30:
-                        said = time.monotonic()
-                        console.print(f"{time.strftime('%H:%M:%S')} running {int(said - start)}s, "
-                                      f"{len(sampler.seen)} processes seen; last line: {_last_line(log)}",
-                                      markup=False)  # fmt: skip
+            # the project's ticker: a line every 20 s naming the command's last line (no silent minutes)
+            with log.open("w") as out, progress.step(f"cpu-by-program: {' '.join(command)[:60]}"):
+                code = progress.timed_run(command, echo=out).returncode
         except OSError as exc:  # the command's program is missing or cannot run
             console.print(f"error: cannot run {command[0]}: {exc}", markup=False)
             return 2
         finally:
-            if proc is not None and proc.poll() is None:  # interrupted: the command goes too
-                proc.terminate()
-                proc.wait()
             subprocess.run(["accton", "off"], check=False, capture_output=True)
             sampler.done.set()
             sampler.join()
@@ -261,11 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         ended = parse_dump_acct(dumped.stdout)
     sampled = list(sampler.seen.values())
     if args.raw:
-        kept = {"command": command, "exit": proc.returncode, "wall_s": round(wall, 1), "cores": cores}
+        kept = {"command": command, "exit": code, "wall_s": round(wall, 1), "cores": cores}
         kept |= {"ended": [asdict(p) for p in ended], "sampled": [asdict(p) for p in sampled]}
         args.raw.write_text(json.dumps(kept) + "\n")
-    _report(console, args.json, command, proc.returncode, wall, cores, attribute(ended, sampled))
-    return proc.returncode
+    _report(console, args.json, command, code, wall, cores, attribute(ended, sampled))
+    return code
 
 
 def _report(
@@ -293,14 +285,6 @@ def _report(
         json_out.write_text(json.dumps({"command": command, "exit": code, "wall_s": round(wall, 1),
                                          "cores": cores, "cpu_s": round(total, 1),
                                          "classes": totals}, indent=1) + "\n")  # fmt: skip
-
-
-def _last_line(log: Path) -> str:
-    try:
-        lines = log.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return lines[-1][-100:] if lines else ""
 
 
 if __name__ == "__main__":
