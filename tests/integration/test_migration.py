@@ -398,9 +398,15 @@ def test_new_fixed_by_prepare_again_passes_verify(site: Site) -> None:
 
 
 def test_cutover_and_rollback_under_load_fail_no_request(site: Site) -> None:
+    """Three moves under a streaming load through the front (cutover, rollback, cutover again): none
+    fails a request, and each direction drains its host with requests in flight at least once. (A drain
+    can find the host empty: with leastconn the streams move to the host just put in, and on a quiet
+    machine the last ones on the other host end before its drain begins. A CI run's second cutover
+    drained OLD with none left, 16 open at the client; such a move proves only that nothing failed.)"""
     # through prepare (twice), two verifies and the failed one, nothing reached NEW through the front
     assert site.front_status()[NEW_NAME]["served_total"] == 0
     unix_minus_monotonic = time.time() - time.monotonic()  # the move's times are wall-clock, the load's monotonic
+    drained_busy: dict[str, list[int]] = {"cutover": [], "rollback": []}  # per direction: each drain's requests
     for step, serving in (("cutover", NEW_NAME), ("rollback", site.old.name), ("cutover", NEW_NAME)):
         code, out, result = site.under_load(step, site.load_spec())
         assert code == 0, out
@@ -414,12 +420,15 @@ def test_cutover_and_rollback_under_load_fail_no_request(site: Site) -> None:
             "load": result.to_json(),
             "client_open": result.open_at(drained_at),
         }
-        # the load still sent when the drain began (it did not run out of requests first) ...
+        # the load still sent when the drain began (it did not run out of requests first)
         assert result.sustained_until is not None and result.sustained_until > drained_at, seen
-        assert drain["in_flight_before"] >= 1, seen  # ... and the drained host had requests in flight
+        drained_busy[step].append(drain["in_flight_before"])
+        print(f"{step} under load: {json.dumps(seen)}")  # the chain's record
         assert out["details"]["failed_requests_at_front"] == 0
         servers = site.front_status()
         assert servers[serving]["state"] == "ready", servers
+    # each direction drained a host that had requests in flight at least once
+    assert all(max(found) >= 1 for found in drained_busy.values()), drained_busy
     assert site.record()["traffic_on"] == "new"
 
 
